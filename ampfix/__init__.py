@@ -1,0 +1,3 @@
+"""ampfix: find and fix mixed-precision mistakes in PyTorch training code."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from ampfix.cli import main
+
+main()

@@ -1,0 +1,221 @@
+"""The ``ampfix`` command line."""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import click
+
+from ampfix import __version__
+from ampfix.config import Config, ConfigError, check_target, check_version, expand, load_config
+from ampfix.report import FORMATS
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
+
+
+def _common(f):
+    options = [
+        click.argument("paths", nargs=-1, type=click.Path()),
+        click.option("--config", "config_path", type=click.Path(dir_okay=False),
+                     help="Use this pyproject.toml or ampfix.toml instead of searching for one."),
+        click.option("--select", help="Comma-separated rule codes or prefixes to enable (replaces the default set)."),
+        click.option("--extend-select", help="Rule codes or prefixes to enable on top of the selection."),
+        click.option("--ignore", help="Comma-separated rule codes or prefixes to disable."),
+        click.option("--target", help="Native spelling to write: torch.amp (default) or torch.cuda.amp."),
+        click.option("--torch-version", help="The torch release the code runs on, e.g. 1.13 or 2.4."),
+        click.option("--extend-exclude", multiple=True, help="More glob patterns to exclude."),
+        click.option("--no-respect-gitignore", is_flag=True, help="Check files that .gitignore excludes."),
+        click.option("--stdin-filename", help="The name to report for code read from '-'."),
+        click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: all cores)."),
+        click.option("--exit-zero", is_flag=True, help="Exit 0 even when problems are found."),
+        click.option("--verbose", "-v", is_flag=True, help="Show tracebacks of internal errors."),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+def _csv(text: Optional[str]) -> List[str]:
+    return [t for t in (text or "").replace(" ", ",").split(",") if t]
+
+
+def _config(kw) -> Config:
+    paths = kw["paths"] or (".",)
+    start = Path(paths[0]) if paths[0] != "-" else Path.cwd()
+    cfg = load_config(Path(kw["config_path"]) if kw["config_path"] else None,
+                      start if start.exists() else Path.cwd())
+    if kw["select"] is not None:
+        cfg.select = _csv(kw["select"])
+        expand(cfg.select, "--select")
+    if kw["extend_select"]:
+        cfg.extend_select += _csv(kw["extend_select"])
+        expand(cfg.extend_select, "--extend-select")
+    if kw["ignore"]:
+        cfg.ignore += _csv(kw["ignore"])
+        expand(cfg.ignore, "--ignore")
+    if kw["target"]:
+        cfg.settings = cfg.settings.with_overrides(target=check_target(kw["target"]))
+    if kw["torch_version"]:
+        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(kw["torch_version"]))
+    cfg.extend_exclude += list(kw["extend_exclude"])
+    if kw["no_respect_gitignore"]:
+        cfg.respect_gitignore = False
+    return cfg
+
+
+def _run(kw, fix: Optional[str]):
+    """Check (and maybe fix) everything named; returns (config, results)."""
+    from ampfix.engine import check_paths, check_source, error_result
+    from ampfix.files import discover
+    from ampfix.registry import rules_by_code
+
+    cfg = _config(kw)
+    selected = cfg.selected_codes()
+    paths = list(kw["paths"]) or ["."]
+    if "-" in paths:
+        if len(paths) > 1:
+            raise ConfigError("'-' (standard input) cannot be combined with other paths")
+        name = kw["stdin_filename"] or "-"
+        codes = cfg.codes_for(Path(name), selected)
+        data = sys.stdin.buffer.read()
+        return cfg, [check_source(data, name, [rules_by_code()[c] for c in codes], cfg.settings, fix)]
+    for p in paths:
+        if not Path(p).exists():
+            raise ConfigError(f"{p}: no such file or folder")
+    files = list(discover(paths, cfg.root, cfg.all_excludes, cfg.respect_gitignore))
+    jobs = [(str(f), cfg.codes_for(f, selected)) for f in files]
+    return cfg, check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"])
+
+
+def _guard(kw, body):
+    try:
+        return body()
+    except ConfigError as exc:
+        click.echo(f"ampfix: error: {exc}", err=True)
+        return EXIT_ERROR
+    except Exception as exc:  # an internal error: one line unless --verbose
+        if kw.get("verbose"):
+            traceback.print_exc()
+        else:
+            click.echo(f"ampfix: internal error: {type(exc).__name__}: {exc} (run with --verbose for the traceback)",
+                       err=True)
+        return EXIT_ERROR
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ampfix")
+def main():
+    """Find and fix mixed-precision mistakes in PyTorch training code."""
+
+
+@main.command()
+@_common
+@click.option("--output-format", type=click.Choice(FORMATS), default="concise", show_default=True)
+@click.option("--statistics", is_flag=True, help="Show a count of problems per rule instead of each one.")
+@click.option("--quiet", "-q", is_flag=True, help="Print diagnostics only, no summary.")
+def check(**kw):
+    """Report problems in PATHS (files or folders; '-' reads standard input)."""
+
+    def body():
+        from ampfix.report import statistics, summary_line, write_diagnostics
+
+        cfg, results = _run(kw, fix=None)
+        diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
+        out = click.get_text_stream("stdout")
+        if kw["statistics"] and kw["output_format"] != "json":
+            if diags:
+                out.write(statistics(diags) + "\n")
+        else:
+            write_diagnostics(results, diags, kw["output_format"], out)
+        if not kw["quiet"] and kw["output_format"] not in ("json", "github"):
+            click.echo(summary_line(diags), err=False)
+        return EXIT_PROBLEMS if diags and not kw["exit_zero"] else EXIT_OK
+
+    sys.exit(_guard(kw, body))
+
+
+@main.command()
+@_common
+@click.option("--write", "-w", is_flag=True, help="Apply the fixes to the files (default: show a diff).")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes that change behaviour.")
+@click.option("--quiet", "-q", is_flag=True, help="No per-file report.")
+def migrate(**kw):
+    """Rewrite PATHS: show the diff of every safe fix, or apply them with --write."""
+
+    def body():
+        from ampfix.report import migrate_report, unified_diff
+        from ampfix.writer import write_atomic
+
+        cfg0 = None
+        unsafe = kw["unsafe_fixes"]
+        cfg, results = _run(kw, fix="unsafe" if unsafe else "safe")
+        if not unsafe and cfg.unsafe_fixes:
+            cfg, results = _run(kw, fix="unsafe")
+        out = click.get_text_stream("stdout")
+        if kw["paths"] == ("-",):
+            r = results[0]
+            sys.stdout.buffer.write(r.fixed_bytes if r.fixed_bytes is not None else sys.stdin.buffer.read())
+            for d in r.diagnostics:
+                click.echo(f"{d.path}:{d.line}:{d.col}: {d.code} {d.message}", err=True)
+            return EXIT_OK if not r.diagnostics or kw["exit_zero"] else EXIT_PROBLEMS
+        changed = [r for r in results if r.changed]
+        if kw["write"]:
+            for r in changed:
+                write_atomic(r.path, r.fixed_bytes)
+        else:
+            for r in changed:
+                out.write(unified_diff(r))
+        if not kw["quiet"]:
+            err = click.get_text_stream("stderr")
+            migrate_report(results, kw["write"], err)
+            n = len(changed)
+            left = sum(len(r.diagnostics) for r in results)
+            verb = "Rewrote" if kw["write"] else "Would rewrite"
+            err.write(f"{verb} {n} file{'s' if n != 1 else ''}; {left} problem{'s' if left != 1 else ''} left for a person.\n")
+        remaining = any(r.diagnostics for r in results)
+        dirty = bool(changed) and not kw["write"]
+        return EXIT_PROBLEMS if (remaining or dirty) and not kw["exit_zero"] else EXIT_OK
+
+    sys.exit(_guard(kw, body))
+
+
+@main.command("rules")
+@click.option("--output-format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def rules_cmd(output_format):
+    """List every rule: code, name, fix, on by default."""
+    import json
+
+    from ampfix.registry import all_rules
+
+    rows = [(r.code, r.name, r.fix_kind or "-", "yes" if r.default else "no", r.summary) for r in all_rules()]
+    if output_format == "json":
+        click.echo(json.dumps([dict(zip(("code", "name", "fix", "default", "summary"), row)) for row in rows], indent=2))
+        return
+    w = max(len(r[1]) for r in rows)
+    click.echo(f"{'code':7} {'name':{w}} {'fix':9} {'default':7} summary")
+    for code, name, fix, default, summary in rows:
+        click.echo(f"{code:7} {name:{w}} {fix:9} {default:7} {summary}")
+
+
+@main.command()
+@click.argument("code")
+def explain(code):
+    """Show the documentation of rule CODE (e.g. AMP301)."""
+    from ampfix.registry import rules_by_code
+
+    rule = rules_by_code().get(code.strip().upper())
+    if rule is None:
+        click.echo(f"ampfix: error: unknown rule {code!r} (see 'ampfix rules')", err=True)
+        sys.exit(EXIT_ERROR)
+    fix = {"safe": "safe fix", "unsafe": "unsafe fix (applied with --unsafe-fixes)",
+           "sometimes": "safe or unsafe fix, depending on the case", None: "no automatic fix"}[rule.fix_kind]
+    click.echo(f"# {rule.code} {rule.name}\n")
+    click.echo(f"{rule.summary}\n")
+    click.echo(f"Fix: {fix}.  On by default: {'yes' if rule.default else 'no'}.  Advice holds from torch {rule.since}.\n")
+    click.echo(rule.documentation())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

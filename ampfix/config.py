@@ -1,0 +1,175 @@
+"""``[tool.ampfix]`` in pyproject.toml (or ``ampfix.toml``), merged with command-line flags."""
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Set
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from ampfix.registry import all_rules
+from ampfix.settings import TARGETS, Settings, parse_version
+
+KEYS = {
+    "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
+    "target", "torch-version", "respect-gitignore", "unsafe-fixes",
+}
+
+
+class ConfigError(Exception):
+    """A configuration or usage problem: reported as one line, exit code 2."""
+
+
+@dataclass
+class Config:
+    root: Path = field(default_factory=Path.cwd)
+    source: Optional[Path] = None
+    select: Optional[List[str]] = None
+    extend_select: List[str] = field(default_factory=list)
+    ignore: List[str] = field(default_factory=list)
+    per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
+    exclude: List[str] = field(default_factory=list)
+    extend_exclude: List[str] = field(default_factory=list)
+    respect_gitignore: bool = True
+    unsafe_fixes: bool = False
+    settings: Settings = field(default_factory=Settings)
+
+    # -- rule selection ----------------------------------------------------------------------
+    def selected_codes(self) -> List[str]:
+        rules = all_rules()
+        if self.select is None:
+            chosen = {r.code for r in rules if r.default}
+        else:
+            chosen = set(expand(self.select, origin="select"))
+        chosen |= set(expand(self.extend_select, origin="extend-select"))
+        chosen -= set(expand(self.ignore, origin="ignore"))
+        return sorted(chosen)
+
+    def codes_for(self, path: Path, selected: Sequence[str]) -> List[str]:
+        drop: Set[str] = set()
+        rel = _rel(path, self.root)
+        for pattern, codes in self.per_file_ignores.items():
+            if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(path.name, pattern):
+                drop |= set(expand(codes, origin=f"per-file-ignores[{pattern!r}]"))
+        return [c for c in selected if c not in drop]
+
+    @property
+    def all_excludes(self) -> List[str]:
+        return [*self.exclude, *self.extend_exclude]
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def expand(selectors: Iterable[str], origin: str = "select") -> List[str]:
+    """Rule codes for selectors: ``ALL``, a prefix (``AMP3``) or a code; unknown ones are errors."""
+    codes = [r.code for r in all_rules()]
+    out: List[str] = []
+    for sel in selectors:
+        sel = str(sel).strip().upper()
+        if not sel:
+            continue
+        hit = codes if sel == "ALL" else [c for c in codes if c.startswith(sel)]
+        if not hit:
+            raise ConfigError(f"unknown rule selector {sel!r} in {origin} (see 'ampfix rules')")
+        out.extend(hit)
+    return out
+
+
+def find_config(start: Path) -> Optional[Path]:
+    start = start.resolve()
+    if start.is_file():
+        start = start.parent
+    for d in [start, *start.parents]:
+        for name in ("ampfix.toml", "pyproject.toml"):
+            f = d / name
+            if f.is_file():
+                if name == "ampfix.toml":
+                    return f
+                try:
+                    data = tomllib.loads(f.read_text(encoding="utf-8"))
+                except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                    continue
+                if "ampfix" in data.get("tool", {}):
+                    return f
+    return None
+
+
+def load_config(path: Optional[Path], start: Optional[Path] = None) -> Config:
+    """Load ``path`` (or search upwards from ``start``); defaults when none is found."""
+    if path is None:
+        path = find_config(start or Path.cwd())
+    if path is None:
+        return Config(root=(start or Path.cwd()).resolve() if start and start.is_dir() else Path.cwd())
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    table = data if Path(path).name == "ampfix.toml" else data.get("tool", {}).get("ampfix", {})
+    cfg = Config(root=Path(path).resolve().parent, source=Path(path))
+    apply_table(cfg, table, str(path))
+    return cfg
+
+
+def _list(value, key, origin) -> List[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{origin}: '{key}' must be a list of strings")
+    return list(value)
+
+
+def apply_table(cfg: Config, table: dict, origin: str) -> None:
+    unknown = sorted(set(table) - KEYS)
+    if unknown:
+        raise ConfigError(f"{origin}: unknown key(s) in [tool.ampfix]: {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(KEYS))})")
+    if "select" in table:
+        cfg.select = _list(table["select"], "select", origin)
+        expand(cfg.select, f"{origin}: select")
+    for key, attr in (("extend-select", "extend_select"), ("ignore", "ignore"),
+                      ("exclude", "exclude"), ("extend-exclude", "extend_exclude")):
+        if key in table:
+            setattr(cfg, attr, _list(table[key], key, origin))
+    expand(cfg.extend_select, f"{origin}: extend-select")
+    expand(cfg.ignore, f"{origin}: ignore")
+    if "per-file-ignores" in table:
+        pfi = table["per-file-ignores"]
+        if not isinstance(pfi, dict):
+            raise ConfigError(f"{origin}: 'per-file-ignores' must be a table of glob = [codes]")
+        cfg.per_file_ignores = {k: _list(v, f"per-file-ignores.{k}", origin) for k, v in pfi.items()}
+        for k, v in cfg.per_file_ignores.items():
+            expand(v, f"{origin}: per-file-ignores[{k!r}]")
+    for key, attr in (("respect-gitignore", "respect_gitignore"), ("unsafe-fixes", "unsafe_fixes")):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise ConfigError(f"{origin}: '{key}' must be true or false")
+            setattr(cfg, attr, table[key])
+    if "target" in table:
+        cfg.settings = cfg.settings.with_overrides(target=check_target(table["target"], origin))
+    if "torch-version" in table:
+        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(table["torch-version"], origin))
+
+
+def check_target(value, origin="--target") -> str:
+    if value not in TARGETS:
+        raise ConfigError(f"{origin}: target must be one of {', '.join(TARGETS)}, not {value!r}")
+    return value
+
+
+def check_version(value, origin="--torch-version"):
+    try:
+        return parse_version(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None

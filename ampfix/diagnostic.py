@@ -1,0 +1,43 @@
+"""Plain, picklable results that cross from the worker processes to the reporters."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    path: str
+    line: int  # 1-based
+    col: int  # 1-based
+    end_line: int
+    end_col: int
+    code: str
+    name: str
+    message: str
+    fix: Optional[str] = None  # "safe" | "unsafe" | None
+    fix_description: Optional[str] = None
+
+    def sort_key(self):
+        return (self.path, self.line, self.col, self.code)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FileResult:
+    path: str
+    diagnostics: List[Diagnostic] = field(default_factory=list)
+    #: A file that could not be read or decoded: the message (no diagnostics then).
+    error: Optional[str] = None
+    #: Set when fixes were asked for and changed the text.
+    original: Optional[str] = None
+    fixed: Optional[str] = None
+    fixed_bytes: Optional[bytes] = None
+    applied: List[str] = field(default_factory=list)
+    skipped: bool = False  # not parsed: no trigger, or skip-file
+
+    @property
+    def changed(self) -> bool:
+        return self.fixed is not None and self.fixed != self.original

@@ -1,0 +1,195 @@
+"""Which files to check: walk folders, honour .gitignore and excludes."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+DEFAULT_EXCLUDES = (
+    ".git", ".hg", ".svn", ".bzr", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox",
+    ".venv", "venv", ".eggs", "__pycache__", "__pypackages__", "_build", "build", "dist",
+    "site-packages", "node_modules", ".ipynb_checkpoints",
+)
+
+
+def _glob_to_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
+            out.append("/.*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            j = pattern.find("]", i + 1)
+            if j == -1:
+                out.append(re.escape(c))
+                i += 1
+            else:
+                body = pattern[i + 1 : j].replace("\\", "\\\\")
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = j + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
+
+
+class GitIgnore:
+    """The patterns of one .gitignore file, relative to its folder."""
+
+    def __init__(self, base: Path, lines: Sequence[str]) -> None:
+        self.base = base
+        self.rules: List[Tuple[re.Pattern, bool, bool]] = []  # regex, negate, dir_only
+        for raw in lines:
+            line = raw.rstrip("\n").rstrip()
+            if not line or line.startswith("#"):
+                continue
+            negate = line.startswith("!")
+            if negate:
+                line = line[1:]
+            if line.startswith("\\"):
+                line = line[1:]
+            dir_only = line.endswith("/")
+            line = line.rstrip("/")
+            anchored = "/" in line
+            line = line.lstrip("/")
+            rx = _glob_to_regex(line)
+            rx = ("^" if anchored else "^(?:.*/)?") + rx + "$"
+            self.rules.append((re.compile(rx), negate, dir_only))
+
+    @classmethod
+    def load(cls, folder: Path) -> Optional["GitIgnore"]:
+        f = folder / ".gitignore"
+        try:
+            return cls(folder, f.read_text(encoding="utf-8", errors="replace").splitlines())
+        except OSError:
+            return None
+
+    def match(self, path: Path, is_dir: bool) -> Optional[bool]:
+        """True ignored, False re-included, None no opinion."""
+        try:
+            rel = path.relative_to(self.base).as_posix()
+        except ValueError:
+            return None
+        verdict = None
+        for rx, negate, dir_only in self.rules:
+            if dir_only and not is_dir:
+                continue
+            if rx.match(rel):
+                verdict = not negate
+        return verdict
+
+
+def _matches_any(path: Path, root: Path, patterns: Sequence[str]) -> bool:
+    try:
+        rel = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        rel = path.as_posix()
+    for pat in patterns:
+        pat = pat.rstrip("/")
+        if fnmatch.fnmatch(path.name, pat) or fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(rel, pat + "/*"):
+            return True
+        # a folder pattern excludes what is under it
+        if any(fnmatch.fnmatch(part, pat) for part in Path(rel).parts[:-1]) and "/" not in pat:
+            return True
+    return False
+
+
+def _git_root(start: Path) -> Optional[Path]:
+    for p in [start, *start.parents]:
+        if (p / ".git").exists():
+            return p
+    return None
+
+
+def discover(
+    paths: Sequence[str],
+    root: Path,
+    exclude: Sequence[str] = (),
+    respect_gitignore: bool = True,
+) -> Iterator[Path]:
+    """Yield the Python files under ``paths`` (sorted, unique).
+
+    A file named explicitly is yielded even if only the default excludes or .gitignore would
+    drop it (pre-commit passes names); the configured ``exclude`` patterns apply to it too.
+    """
+    seen = set()
+    for raw in paths:
+        p = Path(raw)
+        if p.is_file() or (not p.exists() and p.suffix == ".py"):
+            if _matches_any(p, root, exclude):
+                continue
+            key = os.path.normpath(str(p))
+            if key not in seen:
+                seen.add(key)
+                yield p
+            continue
+        if not p.is_dir():
+            continue
+        found = []
+        git_root = _git_root(p.resolve()) if respect_gitignore else None
+        ignores: List[GitIgnore] = []
+        if git_root is not None:
+            # .gitignore files from the repository root down to the folder named
+            chain = [git_root] + [d for d in reversed(p.resolve().parents) if git_root in d.parents] + [p.resolve()]
+            for d in dict.fromkeys(chain):
+                gi = GitIgnore.load(d)
+                if gi:
+                    ignores.append(gi)
+        found.extend(_walk(p, root, exclude, ignores, respect_gitignore))
+        for f in sorted(found):
+            key = os.path.normpath(str(f))
+            if key not in seen:
+                seen.add(key)
+                yield f
+
+
+def _ignored(path: Path, is_dir: bool, ignores: Sequence[GitIgnore]) -> bool:
+    verdict = False
+    rp = path.resolve()
+    for gi in ignores:
+        v = gi.match(rp, is_dir)
+        if v is not None:
+            verdict = v
+    return verdict
+
+
+def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore) -> Iterator[Path]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return
+    local = list(ignores)
+    if respect_gitignore and ignores:
+        gi = GitIgnore.load(folder.resolve())
+        if gi and all(g.base != gi.base for g in ignores):
+            local.append(gi)
+    for e in entries:
+        path = folder / e.name
+        is_dir = e.is_dir(follow_symlinks=False)
+        if is_dir:
+            if e.name in DEFAULT_EXCLUDES or e.name.endswith(".egg-info"):
+                continue
+            if _matches_any(path, root, exclude) or (local and _ignored(path, True, local)):
+                continue
+            yield from _walk(path, root, exclude, local, respect_gitignore)
+        elif e.name.endswith(".py") and e.is_file():
+            if _matches_any(path, root, exclude) or (local and _ignored(path, False, local)):
+                continue
+            yield path

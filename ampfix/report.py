@@ -1,0 +1,158 @@
+"""Turning results into text: concise, full, json, github; diffs and the migrate report."""
+from __future__ import annotations
+
+import difflib
+import json
+from collections import Counter
+from typing import Dict, List, Sequence, TextIO
+
+from ampfix import __version__
+from ampfix.diagnostic import Diagnostic, FileResult
+
+FORMATS = ("concise", "full", "json", "github")
+JSON_SCHEMA_VERSION = 1
+
+
+def _mark(d: Diagnostic) -> str:
+    return " [*]" if d.fix == "safe" else (" [unsafe fix]" if d.fix == "unsafe" else "")
+
+
+def concise(d: Diagnostic) -> str:
+    return f"{d.path}:{d.line}:{d.col}: {d.code}{_mark(d)} {d.message}"
+
+
+def full(d: Diagnostic, lines: List[str]) -> str:
+    out = [f"{d.code} {d.name}: {d.message}", f"  --> {d.path}:{d.line}:{d.col}"]
+    if 1 <= d.line <= len(lines):
+        src = lines[d.line - 1].rstrip("\r\n")
+        gutter = str(d.line)
+        pad = " " * len(gutter)
+        width = (d.end_col - d.col) if d.end_line == d.line else len(src) - (d.col - 1)
+        out += [f"{pad} |", f"{gutter} | {src}", f"{pad} | {' ' * (d.col - 1)}{'^' * max(1, width)}"]
+    if d.fix_description:
+        kind = "fix" if d.fix == "safe" else "unsafe fix"
+        out.append(f"  = help ({kind}): {d.fix_description}")
+    return "\n".join(out) + "\n"
+
+
+def github(d: Diagnostic) -> str:
+    msg = f"{d.code} {d.message}".replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return (f"::error title=ampfix ({d.code}),file={d.path},line={d.line},col={d.col},"
+            f"endLine={d.end_line},endColumn={d.end_col}::{msg}")
+
+
+def as_json(results: Sequence[FileResult], diags: Sequence[Diagnostic]) -> str:
+    """The documented JSON schema (version 1); see README 'JSON output'."""
+    doc = {
+        "schema": JSON_SCHEMA_VERSION,
+        "ampfix_version": __version__,
+        "diagnostics": [
+            {
+                "code": d.code,
+                "name": d.name,
+                "message": d.message,
+                "path": d.path,
+                "location": {"line": d.line, "column": d.col},
+                "end_location": {"line": d.end_line, "column": d.end_col},
+                "fix": None if d.fix is None else {"applicability": d.fix, "message": d.fix_description},
+            }
+            for d in diags
+        ],
+        "files_checked": len(results),
+        "summary": summary_counts(diags),
+    }
+    return json.dumps(doc, indent=2)
+
+
+def summary_counts(diags: Sequence[Diagnostic]) -> Dict[str, int]:
+    return {
+        "problems": len(diags),
+        "fixable": sum(d.fix == "safe" for d in diags),
+        "unsafe_fixable": sum(d.fix == "unsafe" for d in diags),
+    }
+
+
+def summary_line(diags: Sequence[Diagnostic], unsafe_on: bool = False) -> str:
+    if not diags:
+        return "All checks passed!"
+    c = summary_counts(diags)
+    n = c["problems"]
+    fixable = c["fixable"] + (c["unsafe_fixable"] if unsafe_on else 0)
+    text = f"Found {n} problem{'s' if n != 1 else ''}"
+    if fixable:
+        text += f" ({fixable} fixable with 'ampfix migrate --write{' --unsafe-fixes' if unsafe_on else ''}')"
+    text += "."
+    if c["unsafe_fixable"] and not unsafe_on:
+        text += f"\n{c['unsafe_fixable']} more fixable with 'ampfix migrate --write --unsafe-fixes'."
+    return text
+
+
+def statistics(diags: Sequence[Diagnostic]) -> str:
+    counts = Counter((d.code, d.name) for d in diags)
+    fixable = {d.code for d in diags if d.fix == "safe"}
+    rows = [f"{n:6d}  {code}  {'[*]' if code in fixable else '   '} {name}"
+            for (code, name), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "\n".join(rows)
+
+
+def unified_diff(result: FileResult) -> str:
+    if not result.changed:
+        return ""
+    return "".join(
+        difflib.unified_diff(
+            result.original.splitlines(keepends=True),
+            result.fixed.splitlines(keepends=True),
+            fromfile=f"a/{result.path}",
+            tofile=f"b/{result.path}",
+        )
+    )
+
+
+def migrate_report(results: Sequence[FileResult], wrote: bool, out: TextIO) -> None:
+    """Per file: rewritten (what), left for a person (why, where), untouched."""
+    untouched = 0
+    for r in results:
+        if r.error:
+            out.write(f"{r.path}: error: {r.error}\n")
+            continue
+        if not r.changed and not r.diagnostics:
+            untouched += 1
+            continue
+        verb = "rewritten" if wrote else "would be rewritten"
+        if r.changed:
+            kinds = Counter(r.applied)
+            out.write(f"{r.path}: {verb}: " + "; ".join(
+                f"{k}{f' (x{n})' if n > 1 else ''}" for k, n in kinds.items()) + "\n")
+        else:
+            out.write(f"{r.path}: not rewritten\n")
+        for d in r.diagnostics:
+            why = "needs --unsafe-fixes: " if d.fix == "unsafe" else ""
+            out.write(f"  left for a person: {d.path}:{d.line}:{d.col}: {d.code} {why}{d.message}\n")
+    if untouched:
+        out.write(f"{untouched} file{'s' if untouched != 1 else ''} untouched.\n")
+
+
+def write_diagnostics(results, diags, fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        out.write(as_json(results, diags) + "\n")
+        return
+    sources: Dict[str, List[str]] = {}
+    for d in diags:
+        if fmt == "concise":
+            out.write(concise(d) + "\n")
+        elif fmt == "github":
+            out.write(github(d) + "\n")
+        else:
+            if d.path not in sources:
+                sources[d.path] = _read_lines(d.path)
+            out.write(full(d, sources[d.path]) + "\n")
+
+
+def _read_lines(path: str) -> List[str]:
+    from ampfix.engine import decode
+
+    try:
+        with open(path, "rb") as fh:
+            return decode(fh.read()).splitlines()
+    except (OSError, ValueError):
+        return []

@@ -1,0 +1,29 @@
+"""Resolved settings that rules may read (picklable, passed to worker processes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Tuple
+
+TARGETS = ("torch.amp", "torch.cuda.amp")
+
+
+def parse_version(text: str) -> Tuple[int, int]:
+    """``"2.1"``, ``"1.13.1"``, ``"2.3.0+cu121"`` -> ``(2, 1)``; raise ValueError otherwise."""
+    core = str(text).split("+")[0].strip()
+    parts = core.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ValueError(f"not a torch release: {text!r} (expected e.g. '2.4')")
+    return int(parts[0]), int(parts[1])
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: What native spelling fixes write: "torch.amp" (torch>=2.3 style) or "torch.cuda.amp".
+    target: str = "torch.amp"
+    #: The torch release the code runs on; rules whose advice depends on it read it.
+    torch_version: Tuple[int, int] = (2, 4)
+
+    def with_overrides(self, **kw) -> "Settings":
+        if "torch_version" in kw and isinstance(kw["torch_version"], str):
+            kw["torch_version"] = parse_version(kw["torch_version"])
+        return replace(self, **kw)

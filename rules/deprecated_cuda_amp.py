@@ -1,0 +1,201 @@
+import libcst as cst
+
+from ampfix.analysis import CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, base_name, import_of
+from ampfix.rule import Fix, ImportSpec, Invalid, Rule, Valid
+
+CUSTOM = {"torch.cuda.amp.custom_fwd": "custom_fwd", "torch.cuda.amp.custom_bwd": "custom_bwd",
+          "torch.cuda.amp.autocast_mode.custom_fwd": "custom_fwd",
+          "torch.cuda.amp.autocast_mode.custom_bwd": "custom_bwd"}
+
+
+def _cuda_arg(rest) -> cst.Arg:
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if rest else cst.MaybeSentinel.DEFAULT
+    return cst.Arg(cst.SimpleString('"cuda"'), comma=comma)
+
+
+def _device_kw(rest) -> cst.Arg:
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if rest else cst.MaybeSentinel.DEFAULT
+    return cst.Arg(cst.SimpleString('"cuda"'), keyword=cst.Name("device_type"), comma=comma,
+                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+
+
+class DeprecatedCudaAmp(Rule):
+    """
+    ## What it does
+    Reports the `torch.cuda.amp` spellings `autocast(...)`, `GradScaler(...)`, `custom_fwd`
+    and `custom_bwd`, when the project targets `torch.amp` (the default), and rewrites them to
+    `torch.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda", ...)` and
+    `torch.amp.custom_fwd(device_type="cuda", ...)`, fixing the imports.
+
+    ## Why is this bad?
+    Since torch 2.4 the `torch.cuda.amp` entry points emit a FutureWarning on every call and
+    are slated for removal; `torch.amp` has had the device-generic API since 2.3.
+
+    ## Example
+    ```python
+    from torch.cuda.amp import autocast, GradScaler
+    scaler = GradScaler()
+    with autocast(dtype=torch.float16):
+        ...
+    ```
+
+    ## Use instead
+    ```python
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        ...
+    ```
+    Projects pinned below torch 2.3 set `target = "torch.cuda.amp"` and this rule is silent.
+    """
+
+    code = "AMP202"
+    name = "deprecated-cuda-amp"
+    summary = "torch.cuda.amp.autocast/GradScaler/custom_fwd are deprecated spellings of torch.amp"
+    fix_kind = "safe"
+    since = "2.3"
+    triggers = ("amp",)
+
+    VALID = [
+        Valid("import torch\nwith torch.autocast('cuda'):\n    pass\n"),
+        Valid("from torch.cuda.amp import autocast\nwith autocast():\n    pass\n", settings={"target": "torch.cuda.amp"}),
+        Valid("from torch.amp import GradScaler\ns = GradScaler('cuda')\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.cuda.amp import autocast, GradScaler
+
+            scaler = GradScaler()  # keep me
+            with autocast(dtype=torch.float16):
+                pass
+            """,
+            expected="""
+            import torch
+
+            scaler = torch.amp.GradScaler("cuda")  # keep me
+            with torch.autocast("cuda", dtype=torch.float16):
+                pass
+            """,
+            count=2,
+        ),
+        Invalid(
+            """
+            import torch
+            with torch.cuda.amp.autocast(enabled=use_amp):
+                y = model(x)
+            """,
+            expected="""
+            import torch
+            with torch.autocast("cuda", enabled=use_amp):
+                y = model(x)
+            """,
+        ),
+        Invalid(
+            """
+            import torch.cuda.amp as amp
+
+            class F(torch.autograd.Function):
+                @staticmethod
+                @amp.custom_fwd
+                def forward(ctx, x):
+                    return x
+
+                @staticmethod
+                @amp.custom_bwd
+                def backward(ctx, g):
+                    return g
+            """,
+            expected="""
+            import torch
+
+            class F(torch.autograd.Function):
+                @staticmethod
+                @torch.amp.custom_fwd(device_type="cuda")
+                def forward(ctx, x):
+                    return x
+
+                @staticmethod
+                @torch.amp.custom_bwd(device_type="cuda")
+                def backward(ctx, g):
+                    return g
+            """,
+            count=2,
+        ),
+        Invalid(
+            """
+            from torch.cuda.amp import custom_fwd
+            import torch
+            @custom_fwd(cast_inputs=torch.float32)
+            def f(ctx, x):
+                return x
+            """,
+            expected="""
+            import torch
+            @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
+            def f(ctx, x):
+                return x
+            """,
+        ),
+        Invalid("from torch.cuda.amp import GradScaler\nisinstance(s, GradScaler)\n", message="no automatic fix"),
+    ]
+
+    def _imports(self, node):
+        base = base_name(node.func if isinstance(node, cst.Call) else node)
+        spec = import_of(self, base) if base is not None else None
+        removes = [spec] if spec is not None and spec.module.startswith("torch.cuda") else []
+        return [ImportSpec("torch")], removes
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.settings.target != "torch.amp":
+            return
+        names = self.qnames(node)
+        adds, removes = self._imports(node)
+        if names & CUDA_AMP_AUTOCAST:
+            func, rest, what = "torch.autocast", list(node.args), "autocast"
+        elif names & CUDA_AMP_GRADSCALER:
+            func, rest, what = "torch.amp.GradScaler", list(node.args), "GradScaler"
+        elif names & set(CUSTOM):
+            kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
+            new = cst.parse_expression(f"torch.amp.{kind}")
+            fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")",
+                      [(node, lambda u, new=new: u.with_changes(func=new, args=[_device_kw(u.args), *u.args]))],
+                      add_imports=adds, remove_imports=removes)
+            self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
+            return
+        else:
+            return
+        new_func = cst.parse_expression(func)
+        fix = Fix(f"torch.cuda.amp.{what} -> {func}(\"cuda\", ...)",
+                  [(node, lambda u: u.with_changes(func=new_func, args=[_cuda_arg(u.args), *u.args]))],
+                  add_imports=adds, remove_imports=removes)
+        self.report(node, f"`torch.cuda.amp.{what}(...)` is deprecated since torch 2.4; use `{func}(\"cuda\", ...)`", fix)
+
+    def _reference(self, node) -> None:
+        """A non-call reference (isinstance, a bare decorator): report; fix bare custom_fwd."""
+        if self.settings.target != "torch.amp":
+            return
+        parent = self.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return
+        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(node)):
+            return
+        names = self.qnames(node)
+        if names & set(CUSTOM) and isinstance(parent, cst.Decorator):
+            kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
+            adds, removes = self._imports(node)
+            new = cst.parse_expression(f'torch.amp.{kind}(device_type="cuda")')
+            fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")", [(node, new)],
+                      add_imports=adds, remove_imports=removes)
+            self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
+        elif names & (CUDA_AMP_AUTOCAST | CUDA_AMP_GRADSCALER):
+            self.report(node, "`torch.cuda.amp` name is deprecated; refer to `torch.amp` instead "
+                              "(no automatic fix for a reference that is not a call)")
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._reference(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._reference(node)

@@ -1,0 +1,135 @@
+import libcst as cst
+
+from ampfix.analysis import arg, dotted, method_call, receiver
+from ampfix.rule import Fix, Invalid, Rule, Valid
+
+
+def _is_grad_zero(expr, var: str) -> bool:
+    """``var.grad.zero_()`` or ``var.grad.data.zero_()``."""
+    if not method_call(expr, "zero_") or expr.args:
+        return False
+    return dotted(receiver(expr)) in (f"{var}.grad", f"{var}.grad.data")
+
+
+class ZeroGrad(Rule):
+    """
+    ## What it does
+    Reports `zero_grad(set_to_none=False)`, a bare `zero_grad()` on torch releases before 2.0
+    (where `False` was the default), and loops over parameters that call `p.grad.zero_()` or
+    `p.grad.data.zero_()`.
+
+    ## Why is this bad?
+    Writing zeros into every gradient is a memory-bound kernel per parameter, and the next
+    backward then adds into those zeros.  Setting gradients to `None` skips the writes, lets
+    backward assign instead of accumulate, and frees the memory between steps.
+
+    ## Example
+    ```python
+    optimizer.zero_grad(set_to_none=False)
+    for p in model.parameters():
+        p.grad.zero_()
+    ```
+
+    ## Use instead
+    ```python
+    optimizer.zero_grad()            # set_to_none=True is the default since torch 2.0
+    for p in model.parameters():
+        p.grad = None
+    ```
+    The fix is safe unless code reads `.grad` between `zero_grad` and `backward` expecting
+    zeros (rare; such code must handle `None` gradients anyway).
+    """
+
+    code = "AMP301"
+    name = "zero-grad-set-to-none"
+    summary = "zero_grad writes zeros into every gradient instead of setting them to None"
+    fix_kind = "safe"
+    since = "1.7"
+    triggers = ("zero_grad", "zero_(")
+
+    VALID = [
+        Valid("optimizer.zero_grad()\n"),
+        Valid("optimizer.zero_grad(set_to_none=True)\n"),
+        Valid("for p in model.parameters():\n    p.grad = None\n"),
+        Valid("buf.zero_()\n"),
+    ]
+    INVALID = [
+        Invalid("optimizer.zero_grad(set_to_none=False)\n", expected="optimizer.zero_grad()\n"),
+        Invalid("model.zero_grad(set_to_none=False)\n", expected="model.zero_grad(set_to_none=True)\n",
+                settings={"torch_version": "1.13"}),
+        Invalid("opt.zero_grad()\n", expected="opt.zero_grad(set_to_none=True)\n", settings={"torch_version": "1.12"}),
+        Invalid(
+            """
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.data.zero_()  # reset
+            """,
+            expected="""
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad = None  # reset
+            """,
+        ),
+        Invalid(
+            """
+            def step(net):
+                for name, param in net.named_parameters():
+                    param.grad.zero_()
+            """,
+            expected="""
+            def step(net):
+                for name, param in net.named_parameters():
+                    param.grad = None
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not method_call(node, "zero_grad"):
+            return
+        modern = self.settings.torch_version >= (2, 0)
+        a = arg(node, "set_to_none", 0)
+        if a is None:
+            if modern or node.args:
+                return
+            new_arg = cst.Arg(cst.Name("True"), keyword=cst.Name("set_to_none"),
+                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            fix = Fix("zero_grad() -> zero_grad(set_to_none=True)",
+                      [(node, lambda u: u.with_changes(args=[new_arg]))])
+            self.report(node, "`zero_grad()` writes zeros on torch < 2.0; pass `set_to_none=True`", fix)
+            return
+        if not (isinstance(a.value, cst.Name) and a.value.value == "False"):
+            return
+        if modern and len(node.args) == 1:
+            fix = Fix("zero_grad(set_to_none=False) -> zero_grad()", [(node, lambda u: u.with_changes(args=[]))])
+        else:
+            fix = Fix("set_to_none=False -> set_to_none=True",
+                      [(a.value, cst.Name("True"))])
+        self.report(node, "`zero_grad(set_to_none=False)` writes zeros into every gradient; let it set them to None", fix)
+
+    def visit_For(self, node: cst.For) -> None:
+        it = node.iter
+        if not (method_call(it, "parameters", "named_parameters")):
+            return
+        target = node.target
+        if method_call(it, "named_parameters") and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+            target = target.elements[1].value
+        if not isinstance(target, cst.Name):
+            return
+        var = target.value
+        for stmt in _statements(node.body):
+            if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+                continue
+            expr = stmt.body[0]
+            if isinstance(expr, cst.Expr) and _is_grad_zero(expr.value, var):
+                new = cst.parse_statement(f"{var}.grad = None\n").body[0]
+                fix = Fix(f"{var}.grad.zero_() -> {var}.grad = None", [(expr, new)])
+                self.report(expr.value, f"`{self.code_of(expr.value)}` writes zeros; set `{var}.grad = None` instead", fix)
+
+
+def _statements(block):
+    """Statements of a loop body, looking into if-blocks (not nested loops or functions)."""
+    for stmt in getattr(block, "body", ()):
+        yield stmt
+        if isinstance(stmt, cst.If):
+            yield from _statements(stmt.body)
