@@ -168,11 +168,8 @@ def check_source(
     try:
         module = cst.parse_module(data)
     except cst.ParserSyntaxError as exc:
-        msg = str(exc).strip().splitlines()[0]
-        result.diagnostics.append(
-            Diagnostic(path, exc.raw_line, exc.raw_column + 1, exc.raw_line, exc.raw_column + 1,
-                       *SYNTAX_ERROR, f"cannot parse: {msg}")
-        )
+        line, col, msg = _syntax_error(text, exc)
+        result.diagnostics.append(Diagnostic(path, line, col, line, col, *SYNTAX_ERROR, f"cannot parse: {msg}"))
         return result
     original_module = module
     for _ in range(MAX_PASSES):
@@ -201,6 +198,18 @@ def check_source(
         result.fixed = module.code
         result.fixed_bytes = module.bytes
     return result
+
+
+def _syntax_error(text: str, exc: cst.ParserSyntaxError):
+    """Where and why: Python's own compiler says it best; libcst's message otherwise."""
+    try:
+        compile(text, "<ampfix>", "exec", dont_inherit=True)
+    except SyntaxError as err:
+        if err.lineno:
+            return err.lineno, max(1, err.offset or 1), err.msg
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    return exc.raw_line, exc.raw_column + 1, str(exc).strip().splitlines()[0]
 
 
 def _suppressed(rep: Report, wrapper: MetadataWrapper, comments: _Comments) -> bool:

@@ -152,7 +152,7 @@ def discover(
                 gi = GitIgnore.load(d)
                 if gi:
                     ignores.append(gi)
-        found.extend(_walk(p, root, exclude, ignores, respect_gitignore))
+        found.extend(_walk(p, root, exclude, ignores, git_root is not None))
         for f in sorted(found):
             key = os.path.normpath(str(f))
             if key not in seen:
@@ -176,7 +176,7 @@ def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore) -> Iter
     except OSError:
         return
     local = list(ignores)
-    if respect_gitignore and ignores:
+    if respect_gitignore:
         gi = GitIgnore.load(folder.resolve())
         if gi and all(g.base != gi.base for g in ignores):
             local.append(gi)

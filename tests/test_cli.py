@@ -1,0 +1,206 @@
+"""The command line, through click's runner (fast) and a real subprocess (as users run it)."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from ampfix import __version__
+from ampfix.cli import main
+
+BAD = """
+import torch
+opt.zero_grad(set_to_none=False)
+x = torch.zeros(3).cuda()
+"""
+GOOD = "import torch\nx = torch.zeros(3, device='cuda')\n"
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def test_check_reports_and_exit_codes(in_tmp, write):
+    write("bad.py", BAD)
+    write("good.py", GOOD)
+    r = run("check", ".")
+    assert r.exit_code == 1
+    assert "bad.py:2:1: AMP301 [*]" in r.output
+    assert "bad.py:3:5: AMP302 [*]" in r.output
+    assert "Found 2 problems (2 fixable with 'ampfix migrate --write')." in r.output
+    assert run("check", "good.py").exit_code == 0
+    assert "All checks passed!" in run("check", "good.py").output
+    assert run("check", "--exit-zero", "bad.py").exit_code == 0
+
+
+def test_select_ignore_and_unknown_codes(in_tmp, write):
+    write("bad.py", BAD)
+    r = run("check", "--select", "AMP302", "bad.py")
+    assert "AMP301" not in r.output and "AMP302" in r.output
+    r = run("check", "--ignore", "AMP3", "bad.py")
+    assert r.exit_code == 0
+    r = CliRunner().invoke(main, ["check", "--select", "AMP999", "bad.py"])
+    assert r.exit_code == 2 and "unknown rule selector 'AMP999'" in r.output
+
+
+def test_json_output_schema(in_tmp, write):
+    write("bad.py", BAD)
+    r = run("check", "--output-format", "json", "bad.py")
+    doc = json.loads(r.output)
+    assert doc["schema"] == 1 and doc["ampfix_version"] == __version__
+    assert doc["summary"] == {"problems": 2, "fixable": 2, "unsafe_fixable": 0}
+    d = doc["diagnostics"][0]
+    assert d["code"] == "AMP301" and d["path"] == "bad.py"
+    assert d["location"] == {"line": 2, "column": 1}
+    assert d["fix"]["applicability"] == "safe"
+
+
+def test_github_and_full_and_statistics(in_tmp, write):
+    write("bad.py", BAD)
+    r = run("check", "--output-format", "github", "bad.py")
+    assert r.output.startswith("::error title=ampfix (AMP301),file=bad.py,line=2,col=1,")
+    r = run("check", "--output-format", "full", "bad.py")
+    assert "3 | x = torch.zeros(3).cuda()" in r.output and "^^^^" in r.output
+    r = run("check", "--statistics", "bad.py")
+    assert "1  AMP301  [*] zero-grad-set-to-none" in r.output
+
+
+def test_config_pyproject(in_tmp, write):
+    write("pyproject.toml", '[tool.ampfix]\nignore = ["AMP301"]\nper-file-ignores = {"legacy/*" = ["AMP302"]}\n')
+    write("bad.py", BAD)
+    write("legacy/old.py", BAD)
+    r = run("check", ".")
+    assert "AMP301" not in r.output
+    assert "bad.py:3:5: AMP302" in r.output and "old.py" not in r.output
+
+
+def test_config_errors_name_the_key(in_tmp, write):
+    write("pyproject.toml", '[tool.ampfix]\nselct = ["AMP301"]\n')
+    write("bad.py", BAD)
+    r = CliRunner().invoke(main, ["check", "."])
+    assert r.exit_code == 2 and "unknown key(s) in [tool.ampfix]: selct" in r.output
+    write("pyproject.toml", '[tool.ampfix]\nignore = ["AMP777"]\n')
+    r = CliRunner().invoke(main, ["check", "."])
+    assert r.exit_code == 2 and "AMP777" in r.output
+    write("pyproject.toml", '[tool.ampfix]\ntarget = "torch.foo"\n')
+    assert "target must be one of" in CliRunner().invoke(main, ["check", "."]).output
+
+
+def test_torch_version_and_target_from_config(in_tmp, write):
+    write("a.py", "opt.zero_grad()\nimport torch\nwith torch.cuda.amp.autocast():\n    pass\n")
+    assert run("check", "a.py").exit_code == 1  # AMP202 only
+    write("ampfix.toml", 'torch-version = "1.13"\ntarget = "torch.cuda.amp"\n')
+    r = run("check", "a.py")
+    assert "AMP301" in r.output and "AMP202" not in r.output
+
+
+def test_noqa_and_skip_file(in_tmp, write):
+    write("a.py", "import torch\nx = torch.zeros(3).cuda()  # noqa: AMP302\ny = torch.ones(2).cuda()  # noqa\n"
+                  "z = torch.ones(2).cuda()  # noqa: AMP301\n")
+    r = run("check", "a.py")
+    assert r.output.count("AMP302") == 1 and "a.py:4:" in r.output
+    write("b.py", "# ampfix: skip-file\nimport torch\nx = torch.zeros(3).cuda()\n")
+    assert run("check", "b.py").exit_code == 0
+
+
+def test_excludes_gitignore_and_explicit_files(in_tmp, write):
+    write("src/a.py", BAD)
+    write("build/gen.py", BAD)
+    write(".venv/lib/x.py", BAD)
+    write("src/ignored_dir/c.py", BAD)
+    write("src/.gitignore", "ignored_dir/\n")
+    (in_tmp / ".git").mkdir()
+    r = run("check", ".")
+    assert "src/a.py" in r.output
+    assert "gen.py" not in r.output and ".venv" not in r.output and "c.py" not in r.output
+    # named explicitly (as pre-commit does): checked even though excluded by default
+    assert "gen.py" in run("check", "build/gen.py").output
+    write("pyproject.toml", '[tool.ampfix]\nextend-exclude = ["src"]\n')
+    assert run("check", ".").exit_code == 0
+    assert run("check", "--no-respect-gitignore", "build/gen.py").exit_code == 1
+
+
+def test_syntax_error_and_unreadable_file(in_tmp, write):
+    write("bad.py", "import torch\ndef f(:\n    torch.zeros(1).cuda()\n")
+    write("ok.py", BAD)
+    r = run("check", ".")
+    assert "bad.py:2:" in r.output and "AMP000" in r.output and "cannot parse" in r.output
+    assert "ok.py:2:1: AMP301" in r.output  # the other files go on
+    write("bin.py", b"\xff\xfe\x00torch\x00")
+    r = run("check", "bin.py")
+    assert "bin.py:1:1: AMP001" in r.output and "cannot decode" in r.output
+    if os.geteuid() != 0:  # root reads anything
+        p = write("locked.py", BAD)
+        p.chmod(0)
+        assert "cannot read" in run("check", "locked.py").output
+
+
+def test_migrate_diff_write_idempotent_and_mode(in_tmp, write):
+    p = write("bad.py", BAD)
+    p.chmod(0o750)
+    before = p.read_text()
+    r = run("migrate", "bad.py")
+    assert r.exit_code == 1
+    assert "-x = torch.zeros(3).cuda()" in r.output and '+x = torch.zeros(3, device="cuda")' in r.output
+    assert p.read_text() == before  # diff only
+    r = run("migrate", "--write", "bad.py")
+    assert r.exit_code == 0
+    assert p.read_text() == 'import torch\nopt.zero_grad()\nx = torch.zeros(3, device="cuda")\n'
+    assert stat.S_IMODE(p.stat().st_mode) == 0o750
+    assert not [f for f in os.listdir(in_tmp) if f.startswith(".ampfix-")]
+    again = run("migrate", "--write", "bad.py")
+    assert again.exit_code == 0 and p.read_text() == 'import torch\nopt.zero_grad()\nx = torch.zeros(3, device="cuda")\n'
+    assert run("migrate", "bad.py").output.count("+++") == 0
+
+
+def test_migrate_unsafe_fixes_and_report(in_tmp, write):
+    p = write("r.py", "import torch\nx = torch.randn(3).cuda()\n")
+    r = run("migrate", "--write", "r.py")
+    assert r.exit_code == 1 and "needs --unsafe-fixes" in r.output
+    assert "randn(3).cuda()" in p.read_text()
+    r = run("migrate", "--write", "--unsafe-fixes", "r.py")
+    assert r.exit_code == 0 and p.read_text() == 'import torch\nx = torch.randn(3, device="cuda")\n'
+
+
+def test_stdin(in_tmp):
+    r = run("check", "--stdin-filename", "x.py", "-", input=BAD.lstrip())
+    assert "x.py:2:1: AMP301" in r.output
+    r = CliRunner().invoke(main, ["migrate", "-"], input=BAD.lstrip())
+    assert r.stdout == 'import torch\nopt.zero_grad()\nx = torch.zeros(3, device="cuda")\n'
+
+
+def test_parallel_output_is_deterministic(in_tmp, write):
+    for i in range(40):
+        write(f"pkg/m{i:02d}.py", BAD)
+    one = run("check", "-j", "1", "pkg").output
+    many = run("check", "-j", "2", "pkg").output
+    assert one == many and one.count("AMP301") == 40
+
+
+def test_rules_and_explain():
+    r = run("rules")
+    assert "AMP301  zero-grad-set-to-none" in r.output
+    data = json.loads(run("rules", "--output-format", "json").output)
+    assert {"code", "name", "fix", "default", "summary"} <= set(data[0])
+    r = run("explain", "amp301")
+    assert "## Why is this bad?" in r.output and "Advice holds from torch" in r.output
+    assert CliRunner().invoke(main, ["explain", "AMP999"]).exit_code == 2
+
+
+def test_missing_path_is_a_usage_error(in_tmp):
+    r = CliRunner().invoke(main, ["check", "nope/"])
+    assert r.exit_code == 2 and "nope/: no such file or folder" in r.output
+
+
+def test_console_script_subprocess(tmp_path):
+    f = tmp_path / "t.py"
+    f.write_text(BAD.lstrip())
+    out = subprocess.run([sys.executable, "-m", "ampfix", "--version"], capture_output=True, text=True)
+    assert out.stdout.strip() == f"ampfix, version {__version__}"
+    out = subprocess.run(["ampfix", "check", str(f)], capture_output=True, text=True)
+    assert out.returncode == 1 and "AMP301" in out.stdout
+    out = subprocess.run(["ampfix", "check", "--select", "NOPE", str(f)], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
