@@ -288,3 +288,46 @@ def is_tensor_expr(rule: Rule, expr: cst.CSTNode, tensors: Set[str], modules: Se
         if d and (d in modules or _model_like(d)):
             return True
     return False
+
+
+# --------------------------------------------------------------------------- GradScaler objects
+def scaler_names(rule: Rule, module: cst.Module) -> Set[str]:
+    """Dotted names that hold a GradScaler: assigned from its constructor, or the receiver of
+    ``.scale(x)`` / ``.unscale_(opt)`` whose name says scaler."""
+    names: Set[str] = set()
+    for n in walk(module, into_functions=True):
+        if isinstance(n, (cst.Assign, cst.AnnAssign)) and isinstance(n.value, cst.Call):
+            if rule.qnames(n.value) & GRADSCALER:
+                targets = [t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]
+                names.update(d for d in map(dotted, targets) if d)
+        if method_call(n, "scale", "unscale_") and "scaler" in (dotted(receiver(n)) or "").lower():
+            names.add(dotted(receiver(n)))
+    return names
+
+
+def is_scaler_call(node: cst.CSTNode, scalers: Set[str], *methods: str) -> bool:
+    return method_call(node, *methods) and dotted(receiver(node)) in scalers
+
+
+def scaled_backward(node: cst.CSTNode, scalers: Set[str]) -> bool:
+    """``scaler.scale(loss).backward()``."""
+    return method_call(node, "backward") and is_scaler_call(receiver(node), scalers, "scale")
+
+
+def statement_of(rule: Rule, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The simple statement line that holds node."""
+    for anc in [node, *rule.ancestors(node)]:
+        if isinstance(anc, cst.SimpleStatementLine):
+            return anc
+    return None
+
+
+def line_of(rule: Rule, node: cst.CSTNode) -> int:
+    from libcst.metadata import PositionProvider
+
+    return rule.get_metadata(PositionProvider, node).start.line
+
+
+def functions_and_module(module: cst.Module) -> List[cst.CSTNode]:
+    """The module and every function in it: the units rules reason about, each on its own."""
+    return [module, *(n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef))]

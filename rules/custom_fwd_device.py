@@ -1,0 +1,65 @@
+import libcst as cst
+
+from ampfix.analysis import arg
+from ampfix.rule import Fix, Invalid, Rule, Valid
+
+NAMES = {"torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
+         "torch.amp.autocast_mode.custom_bwd"}
+
+
+def _kw():
+    return cst.Arg(cst.SimpleString('"cuda"'), keyword=cst.Name("device_type"),
+                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+
+
+class CustomFwdDevice(Rule):
+    """
+    ## What it does
+    Reports `torch.amp.custom_fwd` / `custom_bwd` used without `device_type`.
+
+    ## Why is this bad?
+    The device-generic decorators (torch 2.4+) take a keyword-only `device_type`; without it
+    the decorator raises a TypeError when the module is imported (bare `@custom_fwd`) or
+    applies to no device.  People hit this when replacing `torch.cuda.amp.custom_fwd` by hand.
+
+    ## Example
+    ```python
+    @torch.amp.custom_fwd
+    def forward(ctx, x): ...
+    ```
+
+    ## Use instead
+    ```python
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x): ...
+    ```
+    """
+
+    code = "AMP210"
+    name = "custom-fwd-device-type"
+    summary = "torch.amp.custom_fwd/custom_bwd without device_type"
+    fix_kind = "safe"
+    since = "2.4"
+    triggers = ("custom_fwd", "custom_bwd")
+
+    VALID = [Valid("import torch\n@torch.amp.custom_fwd(device_type='cuda')\ndef f(ctx, x):\n    return x\n")]
+    INVALID = [
+        Invalid("import torch\n@torch.amp.custom_fwd\ndef f(ctx, x):\n    return x\n",
+                expected='import torch\n@torch.amp.custom_fwd(device_type="cuda")\ndef f(ctx, x):\n    return x\n'),
+        Invalid("from torch.amp import custom_bwd\n@custom_bwd()\ndef b(ctx, g):\n    return g\n",
+                expected='from torch.amp import custom_bwd\n@custom_bwd(device_type="cuda")\ndef b(ctx, g):\n    return g\n'),
+    ]
+
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        dec = node.decorator
+        target = dec.func if isinstance(dec, cst.Call) else dec
+        if not self.qnames(target) & NAMES:
+            return
+        if isinstance(dec, cst.Call):
+            if arg(dec, "device_type"):
+                return
+            fix = Fix('add device_type="cuda"', [(dec, lambda u: u.with_changes(args=[_kw(), *u.args] if not u.args else [
+                _kw().with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *u.args]))])
+        else:
+            fix = Fix('add device_type="cuda"', [(dec, cst.Call(func=dec, args=[_kw()]))])
+        self.report(dec, "`custom_fwd`/`custom_bwd` from torch.amp need `device_type=`", fix)

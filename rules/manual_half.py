@@ -1,0 +1,75 @@
+import libcst as cst
+
+from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, method_call, receiver, walk
+from ampfix.rule import Invalid, Rule, Valid
+
+
+class ManualHalf(Rule):
+    """
+    ## What it does
+    In a file that uses autocast or a GradScaler, reports manual float16 casts of inputs or
+    models: `.half()`, `.to(torch.float16)`, `.to(dtype=torch.half)`, `.type(torch.HalfTensor)`
+    Reported most strongly: `model.half()` together with a GradScaler.
+
+    ## Why is this bad?
+    Autocast chooses the precision per op (matmuls in float16, softmax/norms/losses in float32).
+    Casting by hand forces float16 where autocast would have kept float32, and a model cast to
+    half keeps float16 *weights*: the optimizer then updates float16 parameters (updates below
+    the float16 resolution vanish) and `GradScaler.unscale_` raises "Attempting to unscale FP16
+    gradients".
+
+    ## Example
+    ```python
+    model = Net().cuda().half()
+    scaler = torch.amp.GradScaler("cuda")
+    x = x.half()
+    ```
+
+    ## Use instead
+    Keep the model and inputs in float32 and let `torch.autocast` cast per op.
+    """
+
+    code = "AMP208"
+    name = "manual-half-with-autocast"
+    summary = "manual .half()/.to(float16) casts in code that uses autocast or GradScaler"
+    since = "1.6"
+    triggers = (".half(", "float16", ".half", "HalfTensor")
+
+    VALID = [
+        Valid("import torch\nx = x.half()\n"),
+        Valid("import torch\nwith torch.autocast('cuda'):\n    y = model(x)\nz = y.float()\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            model = Net().cuda().half()
+            scaler = torch.amp.GradScaler("cuda")
+            """,
+            message="GradScaler",
+        ),
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                x = x.to(torch.float16)
+                with torch.autocast("cuda"):
+                    loss = model(x)
+            """
+        ),
+    ]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        calls = [n for n in walk(node, into_functions=True) if isinstance(n, cst.Call)]
+        has_autocast = any(self.qnames(c) & AUTOCAST for c in calls)
+        has_scaler = any(self.qnames(c) & GRADSCALER for c in calls)
+        if not (has_autocast or has_scaler):
+            return
+        why = "with GradScaler (it cannot unscale float16 gradients)" if has_scaler else "under autocast"
+        for c in calls:
+            if method_call(c, "half") and not c.args:
+                self.report(c, f"manual `.half()` {why}: keep float32 and let autocast cast per op")
+            elif method_call(c, "to", "type"):
+                a = arg(c, "dtype", 0)
+                if a is not None and (self.qnames(a.value) & (FLOAT16 | {"torch.cuda.HalfTensor", "torch.HalfTensor"})):
+                    self.report(c, f"manual cast to float16 {why}: keep float32 and let autocast cast per op")

@@ -1,0 +1,130 @@
+import libcst as cst
+
+from ampfix.analysis import (
+    dotted, functions_and_module, is_optimizer_step, is_scaler_call, receiver, scaled_backward, scaler_names,
+    statement_of, walk,
+)
+from ampfix.rule import Fix, Invalid, Rule, Valid
+
+
+class StepBypassesScaler(Rule):
+    """
+    ## What it does
+    Reports `optimizer.step()` in code that backpropagates a scaled loss
+    (`scaler.scale(loss).backward()`) but never calls `scaler.step(optimizer)`.
+
+    ## Why is this bad?
+    The gradients are multiplied by the loss scale (65536 at first).  `optimizer.step()`
+    applies them without unscaling: every update is tens of thousands of times too large, and
+    steps whose gradients overflowed to inf/NaN are applied instead of skipped.  The model
+    diverges, or trains "fine" with a tiny learning rate that hides the bug.
+
+    ## Example
+    ```python
+    scaler.scale(loss).backward()
+    optimizer.step()
+    ```
+
+    ## Use instead
+    ```python
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    ```
+    The fix (unsafe: it changes what the step does, which is the point) rewrites the call and
+    adds `scaler.update()` when the function has none.
+    """
+
+    code = "AMP204"
+    name = "step-bypasses-scaler"
+    summary = "optimizer.step() after scaler.scale(loss).backward(): steps on scaled gradients"
+    fix_kind = "unsafe"
+    since = "1.6"
+    triggers = ("scale(",)
+
+    VALID = [
+        Valid(
+            """
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            """
+        ),
+        Valid(
+            """
+            def train(opt):
+                loss.backward()
+                opt.step()
+            """
+        ),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                optimizer.step()  # update
+                optimizer.zero_grad()
+            """,
+            unsafe=True,
+            expected="""
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                scaler.scale(model(x)).backward()
+                scaler.step(optimizer)  # update
+                scaler.update()
+                optimizer.zero_grad()
+            """,
+        ),
+        Invalid(
+            """
+            def step(self, loss):
+                self.scaler.scale(loss).backward()
+                self.opt.step()
+                self.scaler.update()
+            """,
+            unsafe=True,
+            expected="""
+            def step(self, loss):
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            """,
+        ),
+    ]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        scalers = scaler_names(self, node)
+        if not scalers:
+            return
+        for unit in functions_and_module(node):
+            nodes = list(walk(unit))
+            backs = [n for n in nodes if scaled_backward(n, scalers)]
+            if not backs:
+                continue
+            scaler = dotted(receiver(receiver(backs[0])))
+            if any(is_scaler_call(n, scalers, "step") for n in nodes):
+                continue
+            has_update = any(is_scaler_call(n, {scaler}, "update") for n in nodes)
+            for n in nodes:
+                if is_optimizer_step(n) and not n.args and dotted(receiver(n)) not in scalers:
+                    self.report(n, f"`{self.code_of(n)}` steps on scaled gradients and skips the inf/NaN check; "
+                                   f"call `{scaler}.step({self.code_of(receiver(n))})` and `{scaler}.update()`",
+                                self._fix(n, scaler, has_update))
+                    has_update = True
+
+    def _fix(self, call, scaler, has_update):
+        opt = self.code_of(receiver(call))
+        new_call = cst.parse_expression(f"{scaler}.step({opt})")
+        line = statement_of(self, call)
+        if has_update or line is None or len(line.body) != 1:
+            return Fix(f"{opt}.step() -> {scaler}.step({opt})", [(call, new_call)], safe=False)
+        update = cst.parse_statement(f"{scaler}.update()\n")
+        return Fix(f"{opt}.step() -> {scaler}.step({opt}); {scaler}.update()",
+                   [(line, lambda u: cst.FlattenSentinel([
+                       u.with_changes(body=[u.body[0].with_changes(value=new_call)]),
+                       update.with_changes(leading_lines=[])]))],
+                   safe=False)
