@@ -1,5 +1,10 @@
 """The rules of ampfix: one module a rule; register each one here, one line a rule."""
-from ampfix.rules.apex_usage import ApexUsage
+from ampfix.rules.apex_amp import ApexAmp
+from ampfix.rules.apex_fp16_utils import ApexFp16Utils
+from ampfix.rules.apex_normalization import ApexNormalization
+from ampfix.rules.apex_optimizers import ApexOptimizers
+from ampfix.rules.apex_other import ApexOther
+from ampfix.rules.apex_parallel import ApexParallel
 from ampfix.rules.backward_in_autocast import BackwardInAutocast
 from ampfix.rules.clip_scaled_grads import ClipScaledGrads
 from ampfix.rules.conv_bias_bn import ConvBiasBeforeBn
@@ -24,7 +29,12 @@ from ampfix.rules.tensor_core_sizes import TensorCoreSizes
 from ampfix.rules.zero_grad import ZeroGrad
 
 RULES = [
-    ApexUsage,
+    ApexOther,
+    ApexAmp,
+    ApexFp16Utils,
+    ApexParallel,
+    ApexOptimizers,
+    ApexNormalization,
     DataParallelAutocast,
     DeprecatedCudaAmp,
     ScalerInLoop,

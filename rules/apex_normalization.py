@@ -1,0 +1,78 @@
+import libcst as cst
+
+from ampfix.analysis import arg
+from ampfix.rule import Fix, Invalid, Valid
+from ampfix.rules._apex import ApexRule, join_args, kwarg
+
+
+class ApexNormalization(ApexRule):
+    """
+    ## What it does
+    Reports `apex.normalization` and rewrites `FusedLayerNorm` / `MixedFusedLayerNorm` to
+    `torch.nn.LayerNorm`, and `FusedRMSNorm` to `torch.nn.RMSNorm` (torch 2.4+, with apex's
+    `eps=1e-5` made explicit: torch's default is the dtype's machine epsilon).
+
+    ## Why is this bad?
+    torch's LayerNorm has been a fused kernel for years and RMSNorm is native since 2.4;
+    apex's versions only add a build dependency.  Parameter names (`weight`, `bias`) match, so
+    checkpoints load.
+
+    ## Example
+    ```python
+    from apex.normalization import FusedLayerNorm
+    self.ln = FusedLayerNorm(hidden, eps=1e-6)
+    ```
+
+    ## Use instead
+    ```python
+    self.ln = torch.nn.LayerNorm(hidden, eps=1e-6)
+    ```
+    """
+
+    code = "AMP105"
+    name = "apex-normalization"
+    summary = "apex.normalization: use torch.nn.LayerNorm / torch.nn.RMSNorm"
+    fix_kind = "safe"
+    since = "1.0"
+    prefix = "apex.normalization"
+
+    VALID = [Valid("import torch\nln = torch.nn.LayerNorm(8)\n")]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from apex.normalization import FusedLayerNorm, FusedRMSNorm
+            ln = FusedLayerNorm(512, eps=1e-6)
+            rms = FusedRMSNorm(512)
+            """,
+            count=2,
+            expected="""
+            import torch
+            ln = torch.nn.LayerNorm(512, eps=1e-6)
+            rms = torch.nn.RMSNorm(512, eps=1e-5)
+            """,
+        ),
+        Invalid("from apex.normalization import FusedRMSNorm\nrms = FusedRMSNorm(512)\n",
+                settings={"torch_version": "2.3"}, expected="from apex.normalization import FusedRMSNorm\nrms = FusedRMSNorm(512)\n"),
+    ]
+
+    def fix_for(self, node, call, qname):
+        if call is None or any(a.star for a in call.args):
+            return None
+        kind = qname.split(".")[-1]
+        kws = {a.keyword.value for a in call.args if a.keyword is not None}
+        if kws - {"normalized_shape", "eps", "elementwise_affine"} or len(call.args) - len(kws) > 3:
+            return None
+        args = list(call.args)
+        if kind in ("FusedLayerNorm", "MixedFusedLayerNorm"):
+            func = "torch.nn.LayerNorm"
+        elif kind == "FusedRMSNorm" and self.settings.torch_version >= (2, 4):
+            func = "torch.nn.RMSNorm"
+            if arg(call, "eps", 1) is None:
+                args.append(kwarg("eps", cst.Float("1e-5")))
+        else:
+            return None
+        add, remove = self.import_edits(node)
+        return Fix(f"apex.normalization.{kind} -> {func}",
+                   [(call, cst.Call(func=cst.parse_expression(func), args=join_args(args)))],
+                   add_imports=add, remove_imports=remove)

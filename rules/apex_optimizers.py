@@ -1,0 +1,110 @@
+import libcst as cst
+
+from ampfix.analysis import arg
+from ampfix.rule import Fix, Invalid, Valid
+from ampfix.rules._apex import ApexRule, join_args, kwarg
+
+ADAM_KW = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "set_grad_none",
+           "bias_correction", "capturable"}
+SGD_KW = {"params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "wd_after_momentum",
+          "materialize_master_grads", "set_grad_none"}
+
+
+def _lit(a):
+    return a.value.value if a is not None and isinstance(a.value, cst.Name) else None
+
+
+class ApexOptimizers(ApexRule):
+    """
+    ## What it does
+    Reports `apex.optimizers` and rewrites `FusedAdam` and `FusedSGD` to the fused torch
+    optimizers.  `FusedAdam` defaults to `adam_w_mode=True` (decoupled weight decay): it becomes
+    `torch.optim.AdamW(..., fused=True)` with `weight_decay` passed explicitly (AdamW's own
+    default is 0.01, apex's 0.0); with `adam_w_mode=False` it becomes `torch.optim.Adam`.
+    `set_grad_none` is dropped (torch's `zero_grad` sets None by default).  `FusedLAMB`,
+    `FusedNovoGrad`, `FusedMixedPrecisionLamb` have no torch equivalent: reported, not invented;
+    so are calls with `bias_correction=False`, `wd_after_momentum=True` or positional options.
+
+    ## Why is this bad?
+    apex must be built from source against the exact torch and CUDA; torch has had fused
+    (single-kernel, multi-tensor) Adam, AdamW and SGD since 2.0.
+
+    ## Example
+    ```python
+    from apex.optimizers import FusedAdam
+    opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
+    ```
+
+    ## Use instead
+    ```python
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
+    ```
+    """
+
+    code = "AMP104"
+    name = "apex-optimizers"
+    summary = "apex.optimizers: use torch.optim with fused=True where it exists"
+    fix_kind = "safe"
+    since = "2.0"
+    prefix = "apex.optimizers"
+
+    VALID = [Valid("import torch\nopt = torch.optim.AdamW(p, fused=True)\n")]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from apex.optimizers import FusedAdam
+            opt = FusedAdam(model.parameters(), lr=1e-3)
+            """,
+            expected="""
+            import torch
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
+            """,
+        ),
+        Invalid(
+            """
+            import apex
+            opt = apex.optimizers.FusedAdam(params, lr=args.lr, adam_w_mode=False, weight_decay=1e-4)
+            sgd = apex.optimizers.FusedSGD(params, 0.1, momentum=0.9, set_grad_none=True)
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            opt = torch.optim.Adam(params, lr=args.lr, weight_decay=1e-4, fused=True)
+            sgd = torch.optim.SGD(params, 0.1, momentum=0.9, fused=True)
+            """,
+        ),
+        Invalid("from apex.optimizers import FusedLAMB\nopt = FusedLAMB(p, lr=1e-3)\n", message="no torch equivalent"),
+    ]
+
+    def fix_for(self, node, call, qname):
+        if call is None or any(a.star for a in call.args):
+            return None
+        kind = qname.split(".")[-1]
+        kws = {a.keyword.value: a for a in call.args if a.keyword is not None}
+        pos = [a for a in call.args if a.keyword is None]
+        if kind == "FusedAdam":
+            if len(pos) > 2 or set(kws) - ADAM_KW or _lit(kws.get("bias_correction")) == "False":
+                return None
+            if "adam_w_mode" in kws and _lit(kws["adam_w_mode"]) not in ("True", "False"):
+                return None
+            adamw = _lit(kws.get("adam_w_mode")) != "False"
+            func = "torch.optim.AdamW" if adamw else "torch.optim.Adam"
+            drop = {"adam_w_mode", "set_grad_none", "bias_correction"}
+            args = [a for a in call.args if a.keyword is None or a.keyword.value not in drop]
+            if adamw and "weight_decay" not in kws:
+                args.append(kwarg("weight_decay", cst.Float("0.0")))
+        elif kind == "FusedSGD":
+            if len(pos) > 2 or set(kws) - SGD_KW or _lit(kws.get("wd_after_momentum")) == "True":
+                return None
+            func = "torch.optim.SGD"
+            drop = {"wd_after_momentum", "materialize_master_grads", "set_grad_none"}
+            args = [a for a in call.args if a.keyword is None or a.keyword.value not in drop]
+        else:
+            return None
+        args.append(kwarg("fused", cst.Name("True")))
+        add, remove = self.import_edits(node)
+        new = cst.Call(func=cst.parse_expression(func), args=join_args(args))
+        return Fix(f"apex.optimizers.{kind} -> {func}(..., fused=True)", [(call, new)],
+                   add_imports=add, remove_imports=remove)

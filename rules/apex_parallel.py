@@ -1,0 +1,129 @@
+import libcst as cst
+
+from ampfix.analysis import arg
+from ampfix.rule import Fix, Invalid, Valid
+from ampfix.rules._apex import ApexRule, join_args, kwarg
+
+#: apex DDP keyword -> what happens to it
+DDP_KEEP = {"delay_allreduce": "dropped: torch DDP overlaps all-reduce in buckets and gives the same gradients",
+            "gradient_average": "dropped: torch DDP always averages"}
+
+
+class ApexParallel(ApexRule):
+    """
+    ## What it does
+    Reports `apex.parallel`: `DistributedDataParallel`, `convert_syncbn_model`,
+    `SyncBatchNorm`, and rewrites them to `torch.nn.parallel.DistributedDataParallel`,
+    `torch.nn.SyncBatchNorm.convert_sync_batchnorm` and `torch.nn.SyncBatchNorm`.
+
+    Arguments: `delay_allreduce` and `gradient_average=True` are dropped (torch DDP averages and
+    its bucketed overlap gives the same gradients); `message_size` (elements) becomes
+    `bucket_cap_mb` (4 bytes an element); `process_group` is kept.  Any other argument
+    (`allreduce_always_fp32`, `gradient_predivide_factor`, `channel_last`, `fuse_relu`...) has
+    no torch equivalent: the call is reported and left for a person.
+
+    ## Why is this bad?
+    apex's DDP predates torch's and is unmaintained; torch's overlaps communication with
+    backward, supports `no_sync()`, static graphs and gradient-as-bucket views.
+
+    ## Example
+    ```python
+    from apex.parallel import DistributedDataParallel as DDP, convert_syncbn_model
+    model = convert_syncbn_model(model)
+    model = DDP(model, delay_allreduce=True)
+    ```
+
+    ## Use instead
+    ```python
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    ```
+    """
+
+    code = "AMP103"
+    name = "apex-parallel"
+    summary = "apex.parallel (DDP, SyncBatchNorm): use torch.nn.parallel / torch.nn.SyncBatchNorm"
+    fix_kind = "safe"
+    since = "1.1"
+    prefix = "apex.parallel"
+
+    VALID = [Valid("import torch\nm = torch.nn.parallel.DistributedDataParallel(m)\n")]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from apex.parallel import DistributedDataParallel as DDP, convert_syncbn_model
+
+            model = convert_syncbn_model(model)
+            model = DDP(model, delay_allreduce=True)
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            """,
+        ),
+        Invalid(
+            """
+            import apex
+            bn = apex.parallel.SyncBatchNorm(64, eps=1e-3)
+            m = apex.parallel.DistributedDataParallel(m, message_size=2500000)
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            bn = torch.nn.SyncBatchNorm(64, eps=1e-3)
+            m = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=9.5367431640625)
+            """,
+        ),
+        Invalid("import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n",
+                message="left for a person", expected="import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n"),
+    ]
+
+    def message(self, qname, fix):
+        text = super().message(qname, fix)
+        if fix is None and qname.split(".")[-1] in ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"):
+            text += " (an argument has no torch equivalent: left for a person)"
+        return text
+
+    def fix_for(self, node, call, qname):
+        if call is None or any(a.star for a in call.args):
+            return None
+        kind = qname.split(".")[-1]
+        add, remove = self.import_edits(node)
+        kws = {a.keyword.value: a for a in call.args if a.keyword is not None}
+        pos = [a for a in call.args if a.keyword is None]
+        notes = []
+        if kind == "DistributedDataParallel":
+            if len(pos) != 1 or set(kws) - set(DDP_KEEP) - {"message_size", "module"}:
+                return None
+            ga = kws.get("gradient_average")
+            if ga is not None and not (isinstance(ga.value, cst.Name) and ga.value.value == "True"):
+                return None
+            args = [pos[0] if pos else kws["module"].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)]
+            if "message_size" in kws:
+                ms = kws["message_size"].value
+                if not isinstance(ms, (cst.Integer, cst.Float)):
+                    return None
+                args.append(kwarg("bucket_cap_mb", cst.Float(repr(float(ms.evaluated_value) * 4 / 2 ** 20))))
+            notes = [f"{k} {v}" for k, v in DDP_KEEP.items() if k in kws]
+            func = "torch.nn.parallel.DistributedDataParallel"
+        elif kind == "convert_syncbn_model":
+            if len(pos) != 1 or set(kws) - {"process_group"}:
+                return None
+            args = list(call.args)
+            func = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
+        elif kind == "SyncBatchNorm":
+            if set(kws) & {"channel_last", "fuse_relu"} or len(pos) > 6:
+                return None
+            args = list(call.args)
+            func = "torch.nn.SyncBatchNorm"
+        else:
+            return None
+        new = cst.Call(func=cst.parse_expression(func), args=join_args(args))
+        desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
+        return Fix(desc, [(call, new)], add_imports=add, remove_imports=remove)
+
