@@ -203,6 +203,22 @@ def import_of(rule: Rule, name: cst.Name) -> Optional[ImportSpec]:
     return None
 
 
+def bound_by_imports(module: cst.Module, top: str) -> Set[str]:
+    """Local names that imports of package ``top`` bind (``import torch.cuda.amp as amp`` -> amp)."""
+    out: Set[str] = set()
+    for n in walk(module, into_functions=True):
+        if isinstance(n, cst.Import):
+            for a in n.names:
+                full = a.evaluated_name
+                if full.split(".")[0] == top:
+                    out.add(a.evaluated_alias or full.split(".")[0])
+        elif isinstance(n, cst.ImportFrom) and not n.relative and n.module is not None:
+            mod = get_full_name_for_node(n.module) or ""
+            if mod.split(".")[0] == top and not isinstance(n.names, cst.ImportStar):
+                out.update(a.evaluated_alias or a.evaluated_name for a in n.names)
+    return out
+
+
 def base_name(node: cst.CSTNode) -> Optional[cst.Name]:
     while isinstance(node, cst.Attribute):
         node = node.value

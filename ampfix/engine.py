@@ -122,13 +122,45 @@ def _apply_fixes(wrapper: MetadataWrapper, fixes: Sequence[Fix]) -> Tuple[cst.Mo
 
 
 # --------------------------------------------------------------------------- one file
+class _Dispatch(cst.CSTVisitor):
+    """One traversal for every rule: calls each rule's own visit_*/leave_* methods."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        super().__init__()
+        self.visits: Dict[str, list] = {}
+        self.leaves: Dict[str, list] = {}
+        for rule in rules:
+            for name in dir(type(rule)):
+                if not name.startswith(("visit_", "leave_")):
+                    continue
+                impl = getattr(type(rule), name)
+                if impl is getattr(cst.CSTVisitor, name, None) or not callable(impl):
+                    continue
+                table = self.visits if name.startswith("visit_") else self.leaves
+                table.setdefault(name.split("_", 1)[1], []).append(getattr(rule, name))
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        for f in self.visits.get(type(node).__name__, ()):
+            f(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        for f in self.leaves.get(type(original_node).__name__, ()):
+            f(original_node)
+
+
 def _run_rules(wrapper: MetadataWrapper, rules: Sequence[type], settings: Settings) -> List[Report]:
-    reports: List[Report] = []
+    deps = set()
     for rule_cls in rules:
-        rule: Rule = rule_cls(wrapper.module, settings)
-        wrapper.visit(rule)
-        reports.extend(rule.reports)
-    return reports
+        deps |= set(rule_cls.METADATA_DEPENDENCIES)
+    metadata = wrapper.resolve_many(deps)
+    instances = []
+    for rule_cls in rules:
+        rule = rule_cls(wrapper.module, settings)
+        rule.metadata = metadata
+        instances.append(rule)
+    wrapper.module.visit(_Dispatch(instances))
+    return [rep for rule in instances for rep in rule.reports]
 
 
 def _to_diagnostic(path: str, wrapper: MetadataWrapper, rep: Report) -> Diagnostic:

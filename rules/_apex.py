@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.analysis import base_name, import_of
+from ampfix.analysis import base_name, bound_by_imports, import_of
 from ampfix.rule import Fix, ImportSpec, Rule
 
 REPLACEMENTS: Dict[str, str] = {
@@ -70,7 +70,14 @@ class ApexRule(Rule):
     others: Tuple[str, ...] = ()
     triggers = ("apex",)
 
+    def visit_Module(self, node: cst.Module) -> None:
+        # names bound by apex imports: only chains starting with one need a qualified-name lookup
+        self.apex_bound = bound_by_imports(node, "apex")
+
     def apex_name(self, node) -> Optional[str]:
+        base = base_name(node.func if isinstance(node, cst.Call) else node)
+        if base is None or base.value not in getattr(self, "apex_bound", ()):
+            return None
         names = sorted(q for q in self.qnames(node) if q == "apex" or q.startswith("apex."))
         if not names:
             return None

@@ -170,6 +170,7 @@ class ApexAmp(ApexRule):
 
     # ------------------------------------------------------------------ reporting
     def visit_Module(self, node: cst.Module) -> None:
+        super().visit_Module(node)
         self.plan_fix: Optional[Fix] = None
         self.refusal: Optional[str] = None
         self.init_func = None

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from ampfix.analysis import CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, base_name, import_of
+from ampfix.analysis import CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, base_name, bound_by_imports, import_of
 from ampfix.rule import Fix, ImportSpec, Invalid, Rule, Valid
 
 CUSTOM = {"torch.cuda.amp.custom_fwd": "custom_fwd", "torch.cuda.amp.custom_bwd": "custom_bwd",
@@ -171,9 +171,15 @@ class DeprecatedCudaAmp(Rule):
                   add_imports=adds, remove_imports=removes)
         self.report(node, f"`torch.cuda.amp.{what}(...)` is deprecated since torch 2.4; use `{func}(\"cuda\", ...)`", fix)
 
+    def visit_Module(self, node: cst.Module) -> None:
+        self.torch_bound = bound_by_imports(node, "torch")
+
     def _reference(self, node) -> None:
         """A non-call reference (isinstance, a bare decorator): report; fix bare custom_fwd."""
         if self.settings.target != "torch.amp":
+            return
+        base = base_name(node)
+        if base is None or base.value not in self.torch_bound:
             return
         parent = self.parent(node)
         if isinstance(parent, cst.Call) and parent.func is node:
