@@ -3,7 +3,7 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from ampfix.analysis import arg, dotted, enclosing_function, is_optimizer_step, method_call, receiver, walk
+from ampfix.analysis import arg, bound_by_imports, dotted, enclosing_function, is_optimizer_step, method_call, receiver, walk
 from ampfix.rule import Fix, ImportSpec, Invalid, Valid
 from ampfix.rules._apex import ApexRule, join_args, kwarg
 
@@ -54,6 +54,14 @@ def _assigned(stmt) -> Set[str]:
             for e in ([t] if not isinstance(t, (cst.Tuple, cst.List)) else [el.value for el in t.elements]):
                 if dotted(e):
                     out.add(dotted(e))
+    return out
+
+
+def _imported(stmt) -> Set[str]:
+    out = set()
+    for x in stmt.body:
+        if isinstance(x, (cst.Import, cst.ImportFrom)) and not isinstance(x.names, cst.ImportStar):
+            out.update((a.evaluated_alias or a.evaluated_name).split(".")[0] for a in x.names)
     return out
 
 
@@ -266,10 +274,10 @@ class ApexAmp(ApexRule):
         if isinstance(assign, cst.Assign):
             models = arg(init, "models", 0)
             opts = arg(init, "optimizers", 1)
-            src = [self.code_of(a.value) for a in (models, opts) if a is not None]
-            target = self.code_of(assign.targets[0].target)
-            if target.replace(" ", "").strip("()[]") != ",".join(src).replace(" ", ""):
-                new_stmts.append(_stmt(f"{target} = {', '.join(src)}"))
+            src = [a.value for a in (models, opts) if a is not None]
+            target = assign.targets[0].target
+            if self._leaves(target) != [leaf for e in src for leaf in self._leaves(e)]:
+                new_stmts.append(_stmt(f"{self.code_of(target)} = {', '.join(self.code_of(e) for e in src)}"))
         guard = self.parent(self.parent(stmt))
         if (isinstance(guard, cst.If) and guard.orelse is None and len(guard.body.body) == 1
                 and guard.body.body[0] is stmt and enabled == "True"):
@@ -358,12 +366,46 @@ class ApexAmp(ApexRule):
         for block_id, (block, ranges) in wraps.items():
             edits.append((block, self._wrapper(block, ranges, expand, autocast)))
 
+        self._guard_imports(module, uses, edits)
         add = [ImportSpec("torch")]
         remove = [s for s in (self.import_edits(c.func)[1] for calls in uses.values() for c in calls) for s in s]
         desc = "apex.amp -> torch.autocast + torch.amp.GradScaler"
         if notes:
             desc += " (" + "; ".join(sorted(notes)) + ")"
         return Fix(desc, edits, add_imports=add, remove_imports=remove)
+
+    def _leaves(self, expr) -> List[str]:
+        """``[a, b], c`` -> ['a', 'b', 'c']: the names a target or an argument list holds."""
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return [leaf for e in expr.elements for leaf in self._leaves(e.value)]
+        return [self.code_of(expr)]
+
+    def _guard_imports(self, module, uses, edits) -> None:
+        """Remove ``try: from apex import amp / except ImportError: amp = None`` once nothing else
+        uses the names it binds (the uses being rewritten do not count)."""
+        rewritten = {id(c.func) for calls in uses.values() for c in calls}
+        for t in walk(module, into_functions=True):
+            if not isinstance(t, cst.Try) or t.orelse is not None or t.finalbody is not None:
+                continue
+            imports = [s for s in t.body.body if isinstance(s, cst.SimpleStatementLine)
+                       and all(isinstance(x, (cst.Import, cst.ImportFrom)) for x in s.body)]
+            if not imports or len(imports) != len(t.body.body):
+                continue
+            if any(bound_by_imports(s, "apex") != _imported(s) for s in imports):
+                continue
+            if not all(h.type is None or dotted(h.type) in ("ImportError", "ModuleNotFoundError") for h in t.handlers):
+                continue
+            names = set().union(*(_assigned(h) for h in t.handlers), *(_imported(s) for s in imports))
+            inside = {id(n) for n in walk(t, into_functions=True)}
+            for n in walk(module, into_functions=True):
+                if isinstance(n, cst.Name) and n.value in names and id(n) not in inside:
+                    outer = n
+                    while isinstance(self.parent(outer), cst.Attribute) and self.parent(outer).value is outer:
+                        outer = self.parent(outer)
+                    if id(outer) not in rewritten:
+                        break
+            else:
+                edits.append((t, cst.RemovalSentinel.REMOVE))
 
     def _initialize_options(self, init: cst.Call):
         kws = {a.keyword.value: a.value for a in init.args if a.keyword is not None}
