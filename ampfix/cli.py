@@ -217,5 +217,74 @@ def explain(code):
     click.echo(rule.documentation())
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("script", type=click.Path())
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--steps", type=int, default=50, show_default=True, help="Optimizer steps to run, then stop the script.")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Steps left out of timing and memory.")
+@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds allowed for each run.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="cpu checks the plumbing with CPU autocast; the figures mean something only on a GPU.")
+@click.option("--original", type=click.Path(exists=True), help="The pre-migration script, run as a third mode.")
+@click.option("--migrate", "do_migrate", is_flag=True, help="Migrate SCRIPT in memory (a temporary file) and verify that.")
+@click.option("--nproc", type=int, default=1, show_default=True, help="Launch through torchrun with this many processes.")
+@click.option("--rtol", type=float, default=0.10, show_default=True, help="Relative loss tolerance against fp32.")
+@click.option("--atol", "atol_frac", type=float, default=0.02, show_default=True,
+              help="Absolute loss tolerance, as a fraction of the first fp32 loss.")
+@click.option("--no-profile", is_flag=True, help="Do not run the profiler's anti-pattern matcher.")
+@click.option("--watch-dtypes", is_flag=True, help="Record the dtypes nn.Linear layers compute in (DataParallel check).")
+@click.option("--json", "json_path", type=click.Path(), help="Write the full report as JSON ('-' for stdout).")
+@click.option("--plot", "plot_path", type=click.Path(), help="Write loss curves and step times as a PNG (matplotlib).")
+def verify(script, script_args, steps, warmup, timeout, device, original, do_migrate, nproc, rtol, atol_frac,
+           no_profile, watch_dtypes, json_path, plot_path):
+    """Run SCRIPT on the GPU as written (amp) and with AMP forced off (fp32), and compare.
+
+    Arguments after SCRIPT (or after --) go to the script.
+    """
+    import json
+    import os
+    import tempfile
+
+    from ampfix.verify import Options, VerifyError, format_report, plot, verify as run_verify
+
+    opts = Options(steps=steps, warmup=warmup, timeout=timeout, device=device, rtol=rtol, atol_frac=atol_frac,
+                   nproc=nproc, profile=not no_profile, watch_dtypes=watch_dtypes)
+    args = list(script_args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    tmp = None
+    try:
+        target = script
+        if do_migrate:
+            from ampfix.engine import check_source
+            from ampfix.registry import all_rules
+            from ampfix.settings import Settings
+
+            with open(script, "rb") as fh:
+                res = check_source(fh.read(), script, all_rules(), Settings(), fix="safe")
+            fd, tmp = tempfile.mkstemp(prefix=".ampfix-verify-", suffix=".py", dir=os.path.dirname(os.path.abspath(script)))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(res.fixed_bytes if res.fixed_bytes is not None else b"")
+            target = tmp
+            original = original or script
+        rep = run_verify(target, args, opts, original=original)
+        rep["script"] = script + (" (migrated in memory)" if do_migrate else "")
+        click.echo(format_report(rep))
+        if json_path == "-":
+            click.echo(json.dumps(rep, indent=2))
+        elif json_path:
+            with open(json_path, "w") as fh:
+                json.dump(rep, fh, indent=2)
+        if plot_path:
+            plot(rep, plot_path)
+        sys.exit(EXIT_OK if rep["verdict"]["pass"] else EXIT_PROBLEMS)
+    except VerifyError as exc:
+        click.echo(f"ampfix: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    finally:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,261 @@
+"""``ampfix verify``: run a training script in child processes and compare AMP with FP32.
+
+Each mode is a separate run of the unchanged script (``ampfix.verify.runner`` instruments it):
+``amp`` runs it as written, ``fp32`` forces every autocast region and GradScaler off.  The
+verdict compares the two loss curves and reports speed, memory and host syncs per step.
+
+Loss tolerance: both curves are smoothed with a trailing moving average over
+``max(3, steps // 10)`` steps (one step's loss is noisy: batch order, float16 rounding), then the
+AMP curve must satisfy ``|amp - fp32| <= rtol * |fp32| + atol`` at every step after warm-up,
+with ``rtol = 0.10`` and ``atol = 0.02 * |fp32[0]|`` (an absolute floor, so that a loss
+approaching zero does not make the relative test meaningless).  float16 autocast changes each
+step's loss by well under 1% on well-conditioned models; real AMP bugs (stepping on scaled
+gradients, float16 overflow, a scale that never adapts) move the curve by factors or produce
+NaN, far outside the band.  Both numbers are options (``--rtol``, ``--atol``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+class VerifyError(Exception):
+    """A problem that stops verify before anything runs (no GPU, no script): one line."""
+
+
+@dataclass
+class Options:
+    steps: int = 50
+    warmup: int = 5
+    timeout: float = 600.0
+    device: str = "auto"
+    rtol: float = 0.10
+    atol_frac: float = 0.02
+    nproc: int = 1
+    profile: bool = True
+    watch_dtypes: bool = False
+    seed: int = 0
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        raise VerifyError("ampfix verify needs torch: pip install 'ampfix[verify]'") from None
+    return torch.cuda.is_available()
+
+
+def run_mode(script: str, args: List[str], mode: str, opts: Options) -> dict:
+    """Run the script once in a child process group; return the runner's JSON (plus status)."""
+    fd, out = tempfile.mkstemp(prefix="ampfix-verify-", suffix=".json")
+    os.close(fd)
+    os.unlink(out)
+    runner = ["-m", "ampfix.verify.runner", "--mode", mode, "--steps", str(opts.steps), "--warmup", str(opts.warmup),
+              "--out", out, "--device", opts.device, "--seed", str(opts.seed)]
+    if opts.profile and mode == "amp":
+        runner.append("--profile")
+    if opts.watch_dtypes:
+        runner.append("--watch-dtypes")
+    if opts.nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={opts.nproc}",
+               "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", *runner, script, "--", *args]
+    else:
+        cmd = [sys.executable, *runner, script, "--", *args]
+    env = {**os.environ, **opts.env, "PYTHONUNBUFFERED": "1"}
+    if opts.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=opts.timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill(proc)
+        output, _ = proc.communicate()
+    except KeyboardInterrupt:
+        _kill(proc)
+        raise
+    result = {"mode": mode, "status": "no result", "steps": 0}
+    if os.path.exists(out):
+        with open(out) as fh:
+            result = json.load(fh)
+        os.unlink(out)
+    if timed_out:
+        result.update(status="timeout", error=f"killed after {opts.timeout:.0f} s")
+    elif proc.returncode != 0 and result.get("status") in ("no result", "stopped", "finished"):
+        result.update(status="crashed", error=result.get("error") or f"exit code {proc.returncode}")
+    result["output_tail"] = output[-4000:]
+    if result.get("status") == "finished" and not result.get("steps"):
+        result["status"] = "never stepped"
+        result["error"] = "the script finished without calling optimizer.step()"
+    return result
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def smooth(values: List[float], window: int) -> List[float]:
+    out, acc = [], []
+    for v in values:
+        acc.append(v)
+        if len(acc) > window:
+            acc.pop(0)
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def compare(amp: dict, ref: dict, opts: Options) -> dict:
+    """The loss-band verdict and the speed, memory and sync figures of amp against ref."""
+    a = [x for x in amp.get("losses", []) if x is not None]
+    f = [x for x in ref.get("losses", []) if x is not None]
+    n = min(len(a), len(f))
+    cmp: dict = {"compared_steps": n}
+    if n == 0:
+        cmp["loss_within_tolerance"] = False
+        cmp["loss_note"] = "no losses to compare"
+        return cmp
+    window = max(3, n // 10)
+    sa, sf = smooth(a[:n], window), smooth(f[:n], window)
+    atol = opts.atol_frac * abs(f[0])
+    parted = None
+    worst = 0.0
+    for i in range(min(opts.warmup, n - 1), n):
+        dev = abs(sa[i] - sf[i])
+        worst = max(worst, dev / (abs(sf[i]) or 1.0))
+        if dev > opts.rtol * abs(sf[i]) + atol and parted is None:
+            parted = i
+    cmp.update(
+        smoothing_window=window, rtol=opts.rtol, atol=atol, max_relative_deviation=worst,
+        loss_within_tolerance=parted is None, parted_at_step=parted,
+        amp_final_loss=sa[-1], fp32_final_loss=sf[-1],
+    )
+    ta, tf = _steady(amp, opts), _steady(ref, opts)
+    if ta and tf:
+        cmp["amp_step_ms"] = statistics.median(ta)
+        cmp["fp32_step_ms"] = statistics.median(tf)
+        cmp["speedup"] = cmp["fp32_step_ms"] / cmp["amp_step_ms"]
+    if amp.get("peak_memory_bytes") and ref.get("peak_memory_bytes"):
+        cmp["memory_ratio"] = amp["peak_memory_bytes"] / ref["peak_memory_bytes"]
+    return cmp
+
+
+def _steady(run: dict, opts: Options) -> List[float]:
+    """Step times after warm-up, sync counting and profiling (all of them if too few steps ran)."""
+    times = run.get("step_times_ms") or []
+    start = max(run.get("timing_from", opts.warmup), opts.warmup)
+    return times[start:] if len(times) > start + 2 else times[opts.warmup:] or times
+
+
+def verdict(runs: Dict[str, dict], cmp: dict) -> dict:
+    amp, ref = runs["amp"], runs["fp32"]
+    ran = all(r.get("status") in ("stopped", "finished") for r in (amp, ref))
+    finite = not amp.get("nonfinite_losses") and not ref.get("nonfinite_losses")
+    ok = ran and finite and cmp.get("loss_within_tolerance", False)
+    return {"ran": ran, "finite": finite, "loss_tracks_fp32": cmp.get("loss_within_tolerance", False), "pass": ok}
+
+
+def verify(script: str, args: List[str], opts: Options, original: Optional[str] = None) -> dict:
+    if not os.path.isfile(script):
+        raise VerifyError(f"{script}: no such file")
+    if opts.device != "cpu" and not _cuda_available():
+        raise VerifyError("no CUDA GPU is visible: verify measures AMP on a GPU "
+                          "(use --device cpu to check the plumbing with CPU autocast)")
+    runs = {"amp": run_mode(script, args, "amp", opts), "fp32": run_mode(script, args, "fp32", opts)}
+    report = {"script": script, "args": args, "options": {k: v for k, v in vars(opts).items() if k != "env"},
+              "runs": runs}
+    if original:
+        orig = run_mode(original, args, "amp", opts)
+        if "No module named 'apex'" in (orig.get("traceback") or "") + (orig.get("output_tail") or ""):
+            orig["note"] = "not runnable here: it needs apex; the fp32 run is the reference"
+        runs["original"] = orig
+    report["comparison"] = compare(runs["amp"], runs["fp32"], opts)
+    report["verdict"] = verdict(runs, report["comparison"])
+    return report
+
+
+def format_report(rep: dict) -> str:
+    lines = [f"ampfix verify {rep['script']}"]
+    rows = [("run", "status", "steps", "final loss", "step ms", "peak MiB", "syncs/step", "skipped")]
+    for name, r in rep["runs"].items():
+        times = r.get("step_times_ms") or []
+        losses = [x for x in r.get("losses") or [] if x is not None]
+        syncs = r.get("syncs_per_step") or []
+        rows.append((name, r.get("status", "?"), str(r.get("steps", 0)),
+                     f"{losses[-1]:.4f}" if losses else "-",
+                     f"{statistics.median(times):.2f}" if times else "-",
+                     f"{r['peak_memory_bytes'] / 2**20:.0f}" if r.get("peak_memory_bytes") else "-",
+                     f"{statistics.median(syncs):.0f}" if syncs else "-",
+                     str(r.get("skipped_steps", "-"))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    c = rep["comparison"]
+    if "speedup" in c:
+        lines.append(f"  speed-up vs fp32: {c['speedup']:.2f}x  ({c['fp32_step_ms']:.2f} ms -> {c['amp_step_ms']:.2f} ms a step)")
+    if "memory_ratio" in c:
+        lines.append(f"  peak memory vs fp32: {c['memory_ratio']:.2f}x")
+    if "max_relative_deviation" in c:
+        band = f"rtol {c['rtol']:.0%} + atol {c['atol']:.3g}, smoothed over {c['smoothing_window']} steps"
+        where = "" if c["loss_within_tolerance"] else f"; they part at step {c['parted_at_step']}"
+        lines.append(f"  loss vs fp32: max deviation {c['max_relative_deviation']:.1%} ({band}){where}")
+    for name, r in rep["runs"].items():
+        if r.get("error"):
+            lines.append(f"  {name}: {r['status']} at step {r.get('steps', 0)}: {r['error']}")
+            tail = r.get("traceback") or r.get("output_tail") or ""
+            lines.extend("    " + t for t in tail.rstrip().splitlines()[-8:])
+        if r.get("note"):
+            lines.append(f"  {name}: {r['note']}")
+    pats = (rep["runs"]["amp"].get("profiler_patterns") or {})
+    if pats.get("matched"):
+        lines.append("  profiler anti-patterns (torch.profiler._pattern_matcher):")
+        for name, info in pats["matched"].items():
+            lines.append(f"    {name}: {info['events']} events" + (f"  (static rule {info['rule']})" if info["rule"] else ""))
+    elif pats.get("note"):
+        lines.append(f"  profiler: {pats['note']}")
+    v = rep["verdict"]
+    lines.append("  verdict: " + ("PASS" if v["pass"] else "FAIL") +
+                 f" (ran: {v['ran']}, finite: {v['finite']}, loss tracks fp32: {v['loss_tracks_fp32']})")
+    return "\n".join(lines)
+
+
+def plot(rep: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise VerifyError("--plot needs matplotlib: pip install 'ampfix[plot]'") from None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in ("fp32", "amp"):
+        r = rep["runs"][name]
+        losses = [x for x in r.get("losses") or [] if x is not None]
+        ax1.plot(losses, label=f"{name} (raw)", alpha=0.35)
+        if losses:
+            ax1.plot(smooth(losses, rep["comparison"].get("smoothing_window", 3)), label=f"{name} (smoothed)")
+        ax2.plot(r.get("step_times_ms") or [], label=name)
+    ax1.set(title="loss", xlabel="step")
+    ax2.set(title="step time (ms)", xlabel="step")
+    ax1.legend()
+    ax2.legend()
+    fig.suptitle(os.path.basename(rep["script"]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

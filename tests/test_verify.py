@@ -1,0 +1,107 @@
+"""ampfix verify on the CPU (CI has no GPU): the plumbing, the verdict, crashes, JSON and plot.
+The GPU figures come from bench/gpu_run.sh on a GPU machine; tests marked gpu run there."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from click.testing import CliRunner
+
+from ampfix.cli import main
+from ampfix.verify import Options, compare, smooth
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "fixtures" / "verify" / "tiny_cpu.py")
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["verify", *args], catch_exceptions=False)
+
+
+def test_cpu_verify_passes_and_writes_json_and_plot(tmp_path):
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    r = run("--device", "cpu", "--steps", "25", TINY, "--json", str(js), "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert "verdict: PASS" in r.output
+    rep = json.loads(js.read_text())
+    amp, fp32 = rep["runs"]["amp"], rep["runs"]["fp32"]
+    assert amp["status"] == fp32["status"] == "stopped"
+    assert amp["steps"] == fp32["steps"] == 25
+    assert len(amp["losses"]) == 25 and all(isinstance(x, float) for x in amp["losses"])
+    assert amp["losses"][-1] < amp["losses"][0]  # it trains
+    assert amp["losses"] != fp32["losses"]  # fp32 really ran without bfloat16 autocast
+    assert rep["comparison"]["loss_within_tolerance"] is True
+    assert rep["verdict"] == {"ran": True, "finite": True, "loss_tracks_fp32": True, "pass": True}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_crash_is_reported_with_step_and_traceback():
+    r = run("--device", "cpu", "--steps", "25", "--no-profile", TINY, "--crash-at", "7")
+    assert r.exit_code == 1
+    assert "crashed at step 7: RuntimeError: boom at step 7" in r.output
+    assert "tiny_cpu.py\", line" in r.output
+    assert "verdict: FAIL" in r.output
+
+
+def test_script_that_never_steps():
+    r = run("--device", "cpu", "--no-profile", TINY, "--no-step")
+    assert r.exit_code == 1 and "without calling optimizer.step()" in r.output
+
+
+def test_timeout_kills_the_process_group(tmp_path):
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time, subprocess, sys\n"
+                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+                    "time.sleep(300)\n")
+    r = run("--device", "cpu", "--timeout", "5", "--no-profile", str(hang))
+    assert r.exit_code == 1 and "timeout" in r.output and "killed after 5 s" in r.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_no_gpu_is_a_clear_error():
+    r = CliRunner().invoke(main, ["verify", TINY])
+    assert r.exit_code == 2 and "no CUDA GPU is visible" in r.output
+
+
+def test_missing_script():
+    r = CliRunner().invoke(main, ["verify", "--device", "cpu", "nope.py"])
+    assert r.exit_code == 2 and "nope.py: no such file" in r.output
+
+
+def test_compare_reports_where_curves_part():
+    opts = Options(warmup=2)
+    ref = {"losses": [1.0] * 40, "step_times_ms": [10.0] * 39, "peak_memory_bytes": 100}
+    good = {"losses": [1.01] * 40, "step_times_ms": [5.0] * 39, "peak_memory_bytes": 60}
+    bad = {"losses": [1.0] * 20 + [3.0] * 20, "step_times_ms": [5.0] * 39}
+    c = compare(good, ref, opts)
+    assert c["loss_within_tolerance"] and c["speedup"] == 2.0 and c["memory_ratio"] == 0.6
+    c = compare(bad, ref, opts)
+    assert not c["loss_within_tolerance"] and 20 <= c["parted_at_step"] <= 22
+    assert smooth([0, 3, 6, 9], 2) == [0, 1.5, 4.5, 7.5]
+
+
+def test_migrate_in_memory_leaves_the_tree_alone(tmp_path):
+    script = tmp_path / "t.py"
+    src = Path(TINY).read_text().replace("import torch.nn as nn", "import torch.nn as nn\nimport torch.cuda")
+    src = src.replace("opt.zero_grad()", "opt.zero_grad(set_to_none=False)")
+    script.write_text(src)
+    r = run("--device", "cpu", "--steps", "12", "--no-profile", "--migrate", str(script))
+    assert "migrated in memory" in r.output and "verdict: PASS" in r.output
+    assert script.read_text() == src
+    assert [p.name for p in tmp_path.iterdir()] == ["t.py"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_transformer_fixture_amp_is_faster(tmp_path):
+    script = ROOT / "fixtures" / "apex" / "after" / "transformer_lm.py"
+    js = tmp_path / "r.json"
+    r = run("--steps", "30", str(script), "--json", str(js))
+    rep = json.loads(js.read_text())
+    assert rep["verdict"]["ran"] and rep["verdict"]["finite"], r.output
+    assert rep["comparison"]["speedup"] > 1.0
+    assert rep["runs"]["amp"]["syncs_per_step"], "sync counting ran"
