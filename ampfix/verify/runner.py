@@ -174,6 +174,8 @@ class Recorder:
             if self.steps == w:
                 torch.cuda.reset_peak_memory_stats()
                 self._syncs = 0
+                # every sync warning, not once per place (the default filter would hide repeats)
+                warnings.filterwarnings("always", message=".*synchroniz.*")
                 torch.cuda.set_sync_debug_mode("warn")
             elif w < self.steps <= w + SYNC_WINDOW:
                 self.sync_counts.append(self._syncs)
