@@ -77,6 +77,19 @@ class DataParallelAutocast(Rule):
         Valid(
             """
             import torch
+            from torch import nn
+            class Net(nn.Module):
+                @torch.autocast("cuda", dtype=torch.bfloat16)
+                def forward(self, x):
+                    return x
+            model = nn.DataParallel(Net().to("cuda"))
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(x)
+            """
+        ),
+        Valid(
+            """
+            import torch
             model = torch.nn.parallel.DistributedDataParallel(Net())
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 out = model(x)
@@ -137,7 +150,11 @@ class DataParallelAutocast(Rule):
         self.assigned = assigned
 
     def _class_of(self, expr):
-        for _ in range(3):
+        for _ in range(6):
+            # Net().to(device), Net().cuda(): the module is the receiver's
+            while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+                    expr.func.attr.value in ("to", "cuda", "float", "train", "eval"):
+                expr = expr.func.value
             if isinstance(expr, cst.Call):
                 return self.classes.get(dotted(expr.func) or "")
             d = dotted(expr) if expr is not None else None
