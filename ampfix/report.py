@@ -102,8 +102,8 @@ def unified_diff(result: FileResult) -> str:
         difflib.unified_diff(
             result.original.splitlines(keepends=True),
             result.fixed.splitlines(keepends=True),
-            fromfile=f"a/{result.path}",
-            tofile=f"b/{result.path}",
+            fromfile=f"a/{result.path.lstrip('/')}",
+            tofile=f"b/{result.path.lstrip('/')}",
         )
     )
 

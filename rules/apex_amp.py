@@ -65,6 +65,15 @@ def _imported(stmt) -> Set[str]:
     return out
 
 
+def _as_bool(code: str, expr) -> str:
+    """autocast(enabled=...) takes a bool only: comparisons, `not` and True/False are; wrap the rest."""
+    if isinstance(expr, cst.Comparison) or (isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not)):
+        return code
+    if isinstance(expr, cst.Name) and expr.value in ("True", "False"):
+        return code
+    return f"bool({code})"
+
+
 def _stmt(code: str) -> cst.BaseStatement:
     return cst.parse_statement(code + "\n")
 
@@ -282,8 +291,7 @@ class ApexAmp(ApexRule):
         if (isinstance(guard, cst.If) and guard.orelse is None and len(guard.body.body) == 1
                 and guard.body.body[0] is stmt and enabled == "True"):
             cond = guard.test
-            enabled = self.code_of(cond) if isinstance(cond, (cst.Comparison, cst.BooleanOperation)) or (
-                isinstance(cond, cst.UnaryOperation)) else f"bool({self.code_of(cond)})"
+            enabled = _as_bool(self.code_of(cond), cond)
             new_stmts = [make([f"enabled={enabled}"]), *new_stmts[1:]]
             init_node = guard
         else:
@@ -430,7 +438,7 @@ class ApexAmp(ApexRule):
             enabled = f'{self.code_of(level)} != "O0"'
             notes.add("opt_level is not a literal: AMP is enabled unless it is O0 (O3 runs as O1)")
         if "enabled" in kws:
-            e = self.code_of(kws["enabled"])
+            e = _as_bool(self.code_of(kws["enabled"]), kws["enabled"])
             enabled = e if enabled == "True" else f"({e}) and ({enabled})"
             if enabled == "False" or e == "False":
                 enabled = "False"
