@@ -30,8 +30,28 @@ DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distribut
 CLIP = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
         "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_value_",
         "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad.clip_grad_norm"}
+DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
+
+
+def kwarg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """``name=value`` (no spaces around '=', no trailing comma)."""
+    return cst.Arg(value, keyword=cst.Name(name),
+                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+
+
+def with_args(args, extra, first: bool = False) -> list:
+    """``args`` with ``extra`` appended (or put first), ', ' between them.  An original last
+    argument keeps its own trailing comma; an added last one gets none."""
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    seq = [*extra, *args] if first else [*args, *extra]
+    added = {id(a) for a in extra}
+    out = [a.with_changes(comma=comma) for a in seq[:-1]]
+    if seq:
+        last = seq[-1]
+        out.append(last.with_changes(comma=cst.MaybeSentinel.DEFAULT) if id(last) in added else last)
+    return out
 
 
 def dotted(node: cst.CSTNode) -> Optional[str]:

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.analysis import base_name, bound_by_imports, import_of
+from ampfix.analysis import base_name, bound_by_imports, import_of, kwarg, with_args  # noqa: F401 (re-exported)
 from ampfix.rule import Fix, ImportSpec, Rule
 
 REPLACEMENTS: Dict[str, str] = {
@@ -45,20 +45,9 @@ def replacement_for(qname: str) -> str:
     return REPLACEMENTS[best]
 
 
-def kwarg(name: str, value: cst.BaseExpression, last: bool = True) -> cst.Arg:
-    comma = cst.MaybeSentinel.DEFAULT if last else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return cst.Arg(value, keyword=cst.Name(name), comma=comma,
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-
-
 def join_args(args):
     """Arguments with ', ' between them and no trailing comma."""
-    out = []
-    for i, a in enumerate(args):
-        last = i == len(args) - 1
-        out.append(a.with_changes(comma=cst.MaybeSentinel.DEFAULT if last else
-                                  cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
-    return out
+    return with_args(list(args)[:-1], list(args)[-1:]) if args else []
 
 
 class ApexRule(Rule):

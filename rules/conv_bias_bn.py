@@ -1,6 +1,6 @@
 import libcst as cst
 
-from ampfix.analysis import arg, dotted, walk
+from ampfix.analysis import arg, dotted, kwarg, walk, with_args
 from ampfix.rule import Fix, Invalid, Rule, Valid
 
 CONV = {f"torch.nn.Conv{d}d" for d in (1, 2, 3)}
@@ -8,12 +8,7 @@ BN = {f"torch.nn.BatchNorm{d}d" for d in (1, 2, 3)} | {"torch.nn.SyncBatchNorm"}
 
 
 def _no_bias(u):
-    args = list(u.args)
-    if args:
-        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return u.with_changes(args=[*args, cst.Arg(cst.Name("False"), keyword=cst.Name("bias"),
-                                               equal=cst.AssignEqual(cst.SimpleWhitespace(""),
-                                                                     cst.SimpleWhitespace("")))])
+    return u.with_changes(args=with_args(u.args, [kwarg("bias", cst.Name("False"))]))
 
 
 class ConvBiasBeforeBn(Rule):

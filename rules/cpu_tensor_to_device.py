@@ -1,31 +1,12 @@
 import libcst as cst
 
-from ampfix.analysis import arg, dotted, method_call, receiver
+from ampfix.analysis import arg, dotted, kwarg, method_call, receiver, with_args
 from ampfix.rule import Fix, Invalid, Rule, Valid
 
 DETERMINISTIC = {"zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "tensor",
                  "empty_strided"}
 RANDOM = {"rand", "randn", "randint", "randperm", "normal"}
 DEVICE_WORDS = ("device", "dev", "gpu", "rank")
-
-
-def _kw(name: str, value: cst.BaseExpression) -> cst.Arg:
-    return cst.Arg(value, keyword=cst.Name(name),
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-
-
-def _append(args, extra):
-    args = list(args)
-    if args:
-        last = args[-1]
-        if last.comma is cst.MaybeSentinel.DEFAULT:
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    for i, a in enumerate(extra):
-        if i < len(extra) - 1:
-            a = a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        args.append(a)
-    # a trailing comma before the new args stays valid; drop a dangling one after them
-    return args
 
 
 class CpuTensorToDevice(Rule):
@@ -150,8 +131,8 @@ class CpuTensorToDevice(Rule):
         if dtype is not None and arg(factory, "dtype"):
             return
         random = fname in RANDOM
-        extra = [_kw("device", device)] + ([_kw("dtype", dtype)] if dtype is not None else [])
-        new = factory.with_changes(args=_append(factory.args, extra))
+        extra = [kwarg("device", device)] + ([kwarg("dtype", dtype)] if dtype is not None else [])
+        new = factory.with_changes(args=with_args(factory.args, extra))
         move = self.code_of(node.func.attr) + "(...)"
         fix = Fix(f"create the tensor on the device (torch.{fname}(..., device=...))", [(node, new)], safe=not random)
         msg = f"`torch.{fname}(...).{move}` builds the tensor on the CPU and copies it; pass `device=` to the factory"

@@ -1,15 +1,14 @@
 import libcst as cst
 
-from ampfix.analysis import arg
+from ampfix.analysis import arg, kwarg, with_args
 from ampfix.rule import Fix, Invalid, Rule, Valid
 
 NAMES = {"torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
          "torch.amp.autocast_mode.custom_bwd"}
 
 
-def _kw():
-    return cst.Arg(cst.SimpleString('"cuda"'), keyword=cst.Name("device_type"),
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+def _device() -> cst.Arg:
+    return kwarg("device_type", cst.SimpleString('"cuda"'))
 
 
 class CustomFwdDevice(Rule):
@@ -58,8 +57,7 @@ class CustomFwdDevice(Rule):
         if isinstance(dec, cst.Call):
             if arg(dec, "device_type"):
                 return
-            fix = Fix('add device_type="cuda"', [(dec, lambda u: u.with_changes(args=[_kw(), *u.args] if not u.args else [
-                _kw().with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *u.args]))])
+            fix = Fix('add device_type="cuda"', [(dec, lambda u: u.with_changes(args=with_args(u.args, [_device()], first=True)))])
         else:
-            fix = Fix('add device_type="cuda"', [(dec, cst.Call(func=dec, args=[_kw()]))])
+            fix = Fix('add device_type="cuda"', [(dec, cst.Call(func=dec, args=[_device()]))])
         self.report(dec, "`custom_fwd`/`custom_bwd` from torch.amp need `device_type=`", fix)

@@ -1,10 +1,7 @@
 import libcst as cst
 
-from ampfix.analysis import arg, walk
+from ampfix.analysis import DATALOADER, arg, walk
 from ampfix.rule import Invalid, Rule, Valid
-
-DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-
 
 class DataLoaderWorkers(Rule):
     """

@@ -1,22 +1,13 @@
 import libcst as cst
 
-from ampfix.analysis import CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, base_name, bound_by_imports, import_of
+from ampfix.analysis import (
+    CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, base_name, bound_by_imports, import_of, kwarg, with_args,
+)
 from ampfix.rule import Fix, ImportSpec, Invalid, Rule, Valid
 
 CUSTOM = {"torch.cuda.amp.custom_fwd": "custom_fwd", "torch.cuda.amp.custom_bwd": "custom_bwd",
           "torch.cuda.amp.autocast_mode.custom_fwd": "custom_fwd",
           "torch.cuda.amp.autocast_mode.custom_bwd": "custom_bwd"}
-
-
-def _cuda_arg(rest) -> cst.Arg:
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if rest else cst.MaybeSentinel.DEFAULT
-    return cst.Arg(cst.SimpleString('"cuda"'), comma=comma)
-
-
-def _device_kw(rest) -> cst.Arg:
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if rest else cst.MaybeSentinel.DEFAULT
-    return cst.Arg(cst.SimpleString('"cuda"'), keyword=cst.Name("device_type"), comma=comma,
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
 
 
 class DeprecatedCudaAmp(Rule):
@@ -159,7 +150,8 @@ class DeprecatedCudaAmp(Rule):
             kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
             new = cst.parse_expression(f"torch.amp.{kind}")
             fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")",
-                      [(node, lambda u, new=new: u.with_changes(func=new, args=[_device_kw(u.args), *u.args]))],
+                      [(node, lambda u, new=new: u.with_changes(
+                          func=new, args=with_args(u.args, [kwarg("device_type", cst.SimpleString('"cuda"'))], first=True)))],
                       add_imports=adds, remove_imports=removes)
             self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
             return
@@ -167,7 +159,8 @@ class DeprecatedCudaAmp(Rule):
             return
         new_func = cst.parse_expression(func)
         fix = Fix(f"torch.cuda.amp.{what} -> {func}(\"cuda\", ...)",
-                  [(node, lambda u: u.with_changes(func=new_func, args=[_cuda_arg(u.args), *u.args]))],
+                  [(node, lambda u: u.with_changes(func=new_func, args=with_args(u.args, [cst.Arg(cst.SimpleString('"cuda"'))],
+                                                                                   first=True)))],
                   add_imports=adds, remove_imports=removes)
         self.report(node, f"`torch.cuda.amp.{what}(...)` is deprecated since torch 2.4; use `{func}(\"cuda\", ...)`", fix)
 

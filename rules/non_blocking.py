@@ -1,10 +1,7 @@
 import libcst as cst
 
-from ampfix.analysis import arg, dotted, method_call, receiver, walk
+from ampfix.analysis import DATALOADER, arg, dotted, kwarg, method_call, receiver, walk, with_args
 from ampfix.rule import Fix, Invalid, Rule, Valid
-
-DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-
 
 def _names(target):
     if isinstance(target, cst.Name):
@@ -98,14 +95,8 @@ class NonBlocking(Rule):
                 if method_call(n, "to", "cuda") and dotted(receiver(n)) in batch and not arg(n, "non_blocking"):
                     if n.func.attr.value == "to" and not n.args:
                         continue
-                    kw = cst.Arg(cst.Name("True"), keyword=cst.Name("non_blocking"),
-                                 equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-
-                    def add(u, kw=kw):
-                        args = list(u.args)
-                        if args:
-                            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                        return u.with_changes(args=[*args, kw])
+                    def add(u):
+                        return u.with_changes(args=with_args(u.args, [kwarg("non_blocking", cst.Name("True"))]))
 
                     self.report(n, "copy from pinned memory without `non_blocking=True`: the host waits for it",
                                 Fix("add non_blocking=True", [(n, add)]))

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from ampfix.analysis import arg, dotted, method_call, receiver
+from ampfix.analysis import arg, dotted, kwarg, method_call, receiver
 from ampfix.rule import Fix, Invalid, Rule, Valid
 
 
@@ -92,8 +92,7 @@ class ZeroGrad(Rule):
         if a is None:
             if modern or node.args:
                 return
-            new_arg = cst.Arg(cst.Name("True"), keyword=cst.Name("set_to_none"),
-                              equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            new_arg = kwarg("set_to_none", cst.Name("True"))
             fix = Fix("zero_grad() -> zero_grad(set_to_none=True)",
                       [(node, lambda u: u.with_changes(args=[new_arg]))])
             self.report(node, "`zero_grad()` writes zeros on torch < 2.0; pass `set_to_none=True`", fix)
