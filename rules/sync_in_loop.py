@@ -20,6 +20,10 @@ ADVICE = {
 }
 
 
+def _has_modulo(expr) -> bool:
+    return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in [expr, *walk(expr)])
+
+
 class SyncInLoop(Rule):
     """
     ## What it does
@@ -79,6 +83,16 @@ class SyncInLoop(Rule):
             """
         ),
         Valid("for x in data:\n    print(x.item())\n"),
+        Valid(
+            """
+            for step, x in enumerate(loader):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                if step % 50 == 0 and loss > 100:
+                    print("diverging")
+            """
+        ),
         Valid(
             """
             for epoch in range(10):
@@ -206,6 +220,8 @@ class SyncInLoop(Rule):
                 return False
             return any(self._tensor_value(e, tensors) for e in [test.left, *(c.comparator for c in test.comparisons)])
         if isinstance(test, cst.BooleanOperation):
+            if isinstance(test.operator, cst.And) and _has_modulo(test.left):
+                return False  # `step % N == 0 and loss > x` reads the tensor every N steps only
             return self._tensor_test(test.left, tensors) or self._tensor_test(test.right, tensors)
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             return self._tensor_test(test.expression, tensors)
