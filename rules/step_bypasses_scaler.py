@@ -17,7 +17,9 @@ class StepBypassesScaler(Rule):
     The gradients are multiplied by the loss scale (65536 at first).  `optimizer.step()`
     applies them without unscaling: every update is tens of thousands of times too large, and
     steps whose gradients overflowed to inf/NaN are applied instead of skipped.  The model
-    diverges, or trains "fine" with a tiny learning rate that hides the bug.
+    diverges, or trains "fine" with a tiny learning rate that hides the bug.  On torch 2.x a
+    following `scaler.update()` fails at once ("No inf checks were recorded prior to update",
+    seen by `ampfix verify` on an H100); without `update()` the bug is silent.
 
     ## Example
     ```python
