@@ -72,6 +72,8 @@ def _run(kw, fix: Optional[str]):
     from ampfix.registry import rules_by_code
 
     cfg = _config(kw)
+    if fix == "config":  # --unsafe-fixes not given: the configuration decides
+        fix = "unsafe" if cfg.unsafe_fixes else "safe"
     selected = cfg.selected_codes()
     paths = list(kw["paths"]) or ["."]
     if "-" in paths:
@@ -148,11 +150,7 @@ def migrate(**kw):
         from ampfix.report import migrate_report, unified_diff
         from ampfix.writer import write_atomic
 
-        cfg0 = None
-        unsafe = kw["unsafe_fixes"]
-        cfg, results = _run(kw, fix="unsafe" if unsafe else "safe")
-        if not unsafe and cfg.unsafe_fixes:
-            cfg, results = _run(kw, fix="unsafe")
+        cfg, results = _run(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
         out = click.get_text_stream("stdout")
         if kw["paths"] == ("-",):
             r = results[0]

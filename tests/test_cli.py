@@ -204,3 +204,10 @@ def test_console_script_subprocess(tmp_path):
     assert out.returncode == 1 and "AMP301" in out.stdout
     out = subprocess.run(["ampfix", "check", "--select", "NOPE", str(f)], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_unsafe_fixes_from_config(in_tmp, write):
+    write("pyproject.toml", "[tool.ampfix]\nunsafe-fixes = true\n")
+    p = write("r.py", "import torch\nx = torch.randn(3).cuda()\n")
+    assert run("migrate", "--write", "r.py").exit_code == 0
+    assert p.read_text() == 'import torch\nx = torch.randn(3, device="cuda")\n'
