@@ -200,7 +200,7 @@ def rules_cmd(output_format):
 @main.command()
 @click.argument("code")
 def explain(code):
-    """Show the documentation of rule CODE (e.g. AMP301)."""
+    """Show a rule's documentation: what, why, example, use instead (CODE: AMP301...)."""
     from ampfix.registry import rules_by_code
 
     rule = rules_by_code().get(code.strip().upper())
