@@ -88,9 +88,9 @@ class ApexRule(Rule):
             return
         call = parent if isinstance(parent, cst.Call) and parent.func is node else None
         fix = self.fix_for(node, call, q)
-        self.report(node, self.message(q, fix), fix)
+        self.report(node, self.message(q, fix, call), fix)
 
-    def message(self, qname: str, fix: Optional[Fix]) -> str:
+    def message(self, qname: str, fix: Optional[Fix], call: Optional[cst.Call] = None) -> str:
         return f"`{qname}` is NVIDIA apex; use {replacement_for(qname)}"
 
     def fix_for(self, node, call: Optional[cst.Call], qname: str) -> Optional[Fix]:

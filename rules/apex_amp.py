@@ -183,6 +183,16 @@ class ApexAmp(ApexRule):
             """,
             message="O3",
         ),
+        Invalid(
+            """
+            from apex import amp
+            def train(loss, optimizer):
+                with amp.scale_loss(loss, optimizer) as s:
+                    s.backward()
+                optimizer.step()
+            """,
+            message="not rewritten: amp.initialize is not called in this module",
+        ),
     ]
 
     # ------------------------------------------------------------------ reporting
@@ -191,6 +201,7 @@ class ApexAmp(ApexRule):
         self.plan_fix: Optional[Fix] = None
         self.refusal: Optional[str] = None
         self.init_func = None
+        self._told = False
         try:
             self.plan_fix = self._plan(node)
         except _Refuse as exc:
@@ -201,10 +212,13 @@ class ApexAmp(ApexRule):
             return self.plan_fix
         return None
 
-    def message(self, qname, fix):
-        text = super().message(qname, fix)
-        if qname == "apex.amp.initialize" and self.refusal:
+    def message(self, qname, fix, call=None):
+        text = super().message(qname, fix, call)
+        # the reason the module was left whole goes with initialize, or with the first use
+        # when initialize lives in another module
+        if self.refusal and (qname == "apex.amp.initialize" or (self.init_func is None and not self._told)):
             text += f" (not rewritten: {self.refusal})"
+            self._told = True
         return text
 
     # ------------------------------------------------------------------ planning

@@ -79,13 +79,17 @@ class ApexParallel(ApexRule):
             m = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=9.5367431640625)
             """,
         ),
+        Invalid("from apex.parallel import DistributedDataParallel as DDP\nisinstance(m, DDP)\n",
+                message="a reference, not a call"),
         Invalid("import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n",
                 message="left for a person", expected="import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n"),
     ]
 
-    def message(self, qname, fix):
-        text = super().message(qname, fix)
-        if fix is None and qname.split(".")[-1] in ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"):
+    def message(self, qname, fix, call=None):
+        text = super().message(qname, fix, call)
+        if call is None:
+            text += " (a reference, not a call: rename it by hand)"
+        elif fix is None and qname.split(".")[-1] in ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"):
             text += " (an argument has no torch equivalent: left for a person)"
         return text
 
