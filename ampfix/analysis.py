@@ -4,7 +4,7 @@ These know PyTorch's API, not any rule: rules combine them.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List, Optional, Set
+from typing import Iterator, List, Optional, Set
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node

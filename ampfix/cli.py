@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import click
 
@@ -67,7 +67,7 @@ def _config(kw) -> Config:
 
 def _run(kw, fix: Optional[str]):
     """Check (and maybe fix) everything named; returns (config, results)."""
-    from ampfix.engine import check_paths, check_source, error_result
+    from ampfix.engine import check_paths, check_source
     from ampfix.files import discover
     from ampfix.registry import rules_by_code
 

@@ -36,7 +36,6 @@ class FileResult:
     fixed: Optional[str] = None
     fixed_bytes: Optional[bytes] = None
     applied: List[str] = field(default_factory=list)
-    skipped: bool = False  # not parsed: no trigger, or skip-file
 
     @property
     def changed(self) -> bool:

@@ -14,7 +14,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ampfix.diagnostic import Diagnostic, FileResult
 from ampfix.registry import rules_by_code
-from ampfix.rule import Fix, Report, Rule
+from ampfix.rule import Fix, Report
 from ampfix.settings import Settings
 
 SYNTAX_ERROR = ("AMP000", "syntax-error")
@@ -125,7 +125,7 @@ def _apply_fixes(wrapper: MetadataWrapper, fixes: Sequence[Fix]) -> Tuple[cst.Mo
 class _Dispatch(cst.CSTVisitor):
     """One traversal for every rule: calls each rule's own visit_*/leave_* methods."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[cst.CSTVisitor]) -> None:
         super().__init__()
         self.visits: Dict[str, list] = {}
         self.leaves: Dict[str, list] = {}
@@ -149,8 +149,10 @@ class _Dispatch(cst.CSTVisitor):
             f(original_node)
 
 
-def _run_rules(wrapper: MetadataWrapper, rules: Sequence[type], settings: Settings) -> List[Report]:
-    deps = set()
+def _run_rules(wrapper: MetadataWrapper, rules: Sequence[type], settings: Settings,
+               comments: "_Comments") -> List[Report]:
+    """Every rule, and the comment scan for suppressions, in one traversal."""
+    deps = set(_Comments.METADATA_DEPENDENCIES)
     for rule_cls in rules:
         deps |= set(rule_cls.METADATA_DEPENDENCIES)
     metadata = wrapper.resolve_many(deps)
@@ -159,7 +161,8 @@ def _run_rules(wrapper: MetadataWrapper, rules: Sequence[type], settings: Settin
         rule = rule_cls(wrapper.module, settings)
         rule.metadata = metadata
         instances.append(rule)
-    wrapper.module.visit(_Dispatch(instances))
+    comments.metadata = metadata
+    wrapper.module.visit(_Dispatch([comments, *instances]))
     return [rep for rule in instances for rep in rule.reports]
 
 
@@ -195,7 +198,6 @@ def check_source(
         return error_result(path, str(exc))
     active = [r for r in rules if not r.triggers or any(t in text for t in r.triggers)]
     if not active:
-        result.skipped = True
         return result
     try:
         module = cst.parse_module(data)
@@ -207,11 +209,10 @@ def check_source(
     for _ in range(MAX_PASSES):
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         comments = _Comments()
-        wrapper.visit(comments)
+        reports = _run_rules(wrapper, active, settings, comments)
         if comments.skip_file:
-            result.skipped = True
             return result
-        reports = [r for r in _run_rules(wrapper, active, settings) if not _suppressed(r, wrapper, comments)]
+        reports = [r for r in reports if not _suppressed(r, wrapper, comments)]
         fixes = [r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")]
         if not fix or not fixes:
             break

@@ -9,8 +9,6 @@ median step time against the bare one's is the figure quoted in the notes.
 import argparse
 import json
 import statistics
-import sys
-import time
 from types import SimpleNamespace
 
 import torch

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 
 import libcst as cst
 
-from ampfix.analysis import base_name, bound_by_imports, import_of, kwarg, with_args  # noqa: F401 (re-exported)
+from ampfix.analysis import base_name, bound_by_imports, import_of, with_args
 from ampfix.rule import Fix, ImportSpec, Rule
 
 REPLACEMENTS: Dict[str, str] = {

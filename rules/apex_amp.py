@@ -3,9 +3,12 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from ampfix.analysis import arg, bound_by_imports, dotted, enclosing_function, is_optimizer_step, method_call, receiver, walk
+from ampfix.analysis import (
+    arg, bound_by_imports, dotted, enclosing_function, is_optimizer_step, line_of, method_call, receiver, statement_of,
+    walk,
+)
 from ampfix.rule import Fix, ImportSpec, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args, kwarg
+from ampfix.rules._apex import ApexRule
 
 NOTES = {
     "keep_batchnorm_fp32": "autocast keeps batch norm in float32 itself",
@@ -235,14 +238,9 @@ class ApexAmp(ApexRule):
                 continue
             kind = q[len("apex.amp."):] if q.startswith("apex.amp.") else q
             if not (isinstance(parent, cst.Call) and parent.func is n):
-                raise _Refuse(f"`{q}` is used other than by calling it (line {self._line(n)})")
+                raise _Refuse(f"`{q}` is used other than by calling it (line {line_of(self, n)})")
             uses.setdefault(kind, []).append(parent)
         return uses
-
-    def _line(self, node) -> int:
-        from libcst.metadata import PositionProvider
-
-        return self.get_metadata(PositionProvider, node).start.line
 
     def _plan(self, module: cst.Module) -> Optional[Fix]:
         uses = self._uses(module)
@@ -281,12 +279,12 @@ class ApexAmp(ApexRule):
         for kind, calls in uses.items():
             for c in calls:
                 if c is not init and not reachable(c):
-                    raise _Refuse(f"the scaler made at line {self._line(init)} cannot reach amp.{kind} at line "
-                                  f"{self._line(c)}")
+                    raise _Refuse(f"the scaler made at line {line_of(self, init)} cannot reach amp.{kind} at line "
+                                  f"{line_of(self, c)}")
 
         # -- initialize ------------------------------------------------------------------------
         enabled, notes, scaler_args = self._initialize_options(init)
-        stmt = self._statement(init)
+        stmt = statement_of(self, init)
         assign = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
         if not isinstance(assign, (cst.Assign, cst.Expr)) or assign.value is not init:
             raise _Refuse("amp.initialize is not a statement of its own")
@@ -324,11 +322,11 @@ class ApexAmp(ApexRule):
             item = self.parent(call)
             with_node = self.parent(item)
             if not (isinstance(item, cst.WithItem) and isinstance(with_node, cst.With) and len(with_node.items) == 1):
-                raise _Refuse(f"amp.scale_loss at line {self._line(call)} is not a plain `with` statement")
+                raise _Refuse(f"amp.scale_loss at line {line_of(self, call)} is not a plain `with` statement")
             loss = arg(call, "loss", 0)
             opt = arg(call, "optimizers", 1)
             if loss is None or opt is None:
-                raise _Refuse(f"amp.scale_loss at line {self._line(call)} lacks its loss or optimizer")
+                raise _Refuse(f"amp.scale_loss at line {line_of(self, call)} lacks its loss or optimizer")
             opt_names = ([self.code_of(e.value) for e in opt.value.elements]
                          if isinstance(opt.value, (cst.List, cst.Tuple)) else [self.code_of(opt.value)])
             unit = enclosing_function(self, call) or module
@@ -357,11 +355,11 @@ class ApexAmp(ApexRule):
             missing = sorted(names - found)
             if missing:
                 raise _Refuse(f"`{missing[0]}.step()` is not in the function that scales the loss")
-            last = max(steps, key=self._line)
+            last = max(steps, key=lambda n: line_of(self, n))
             for s in steps:
-                line = self._statement(s)
+                line = statement_of(self, s)
                 if line is None or len(line.body) != 1 or not isinstance(line.body[0], cst.Expr):
-                    raise _Refuse(f"`{self.code_of(s)}` at line {self._line(s)} is not a statement of its own")
+                    raise _Refuse(f"`{self.code_of(s)}` at line {line_of(self, s)} is not a statement of its own")
                 new = [_stmt(f"{scaler}.step({self.code_of(receiver(s))})").with_changes(
                     leading_lines=line.leading_lines, trailing_whitespace=line.trailing_whitespace)]
                 if s is last:
@@ -372,10 +370,10 @@ class ApexAmp(ApexRule):
         for call in uses.get("master_params", []):
             opt = arg(call, "optimizer", 0)
             clip = self.parent(self.parent(call))
-            line = self._statement(call)
+            line = statement_of(self, call)
             if opt is None or not (isinstance(clip, cst.Call) and "clip_grad" in (dotted(clip.func) or "")) or \
                     line is None or len(line.body) != 1:
-                raise _Refuse(f"amp.master_params at line {self._line(call)} is not the parameters of a clipping call")
+                raise _Refuse(f"amp.master_params at line {line_of(self, call)} is not the parameters of a clipping call")
             o = self.code_of(opt.value)
             params = cst.parse_expression(f'(p for group in {o}.param_groups for p in group["params"])')
             edits.append((call, params))
@@ -472,14 +470,6 @@ class ApexAmp(ApexRule):
                 raise _Refuse(f"amp.initialize argument {k!r} has no native mapping")
         return enabled, notes, scaler_args
 
-    def _statement(self, node) -> Optional[cst.SimpleStatementLine]:
-        for a in self.ancestors(node):
-            if isinstance(a, cst.SimpleStatementLine):
-                return a
-            if isinstance(a, cst.BaseCompoundStatement):
-                return None
-        return None
-
     @staticmethod
     def _put(edits, expand, stmt, new_stmts):
         """Replace a statement by several; None in new_stmts stands for the (updated) statement itself."""
@@ -542,7 +532,7 @@ class ApexAmp(ApexRule):
                 last = last if last is not None else j
         if first is None:
             raise _Refuse(f"the loss `{self.code_of(loss)}` is not computed in the block that scales it (line "
-                          f"{self._line(site)}): wrap its forward pass in {autocast} by hand")
+                          f"{line_of(self, site)}): wrap its forward pass in {autocast} by hand")
         entry = wraps.setdefault(id(block), (block, []))
         entry[1].append((stmts[first], stmts[last]))
 

@@ -1,8 +1,8 @@
 import libcst as cst
 
-from ampfix.analysis import arg
+from ampfix.analysis import arg, kwarg
 from ampfix.rule import Fix, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args, kwarg
+from ampfix.rules._apex import ApexRule, join_args
 
 
 class ApexNormalization(ApexRule):

@@ -1,8 +1,8 @@
 import libcst as cst
 
-from ampfix.analysis import arg
+from ampfix.analysis import kwarg
 from ampfix.rule import Fix, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args, kwarg
+from ampfix.rules._apex import ApexRule, join_args
 
 ADAM_KW = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "set_grad_none",
            "bias_correction", "capturable"}

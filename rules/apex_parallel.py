@@ -1,8 +1,8 @@
 import libcst as cst
 
-from ampfix.analysis import arg
+from ampfix.analysis import kwarg
 from ampfix.rule import Fix, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args, kwarg
+from ampfix.rules._apex import ApexRule, join_args
 
 #: apex DDP keyword -> what happens to it
 DDP_KEEP = {"delay_allreduce": "dropped: torch DDP overlaps all-reduce in buckets and gives the same gradients",

@@ -1,7 +1,7 @@
 import libcst as cst
 
 from ampfix.analysis import (
-    CLIP, arg, enclosing_loop, functions_and_module, is_scaler_call, line_of, method_call, scaled_backward,
+    CLIP, enclosing_loop, functions_and_module, is_scaler_call, line_of, method_call, scaled_backward,
     scaler_names, statement_of, walk, dotted, receiver,
 )
 from ampfix.rule import Fix, Invalid, Rule, Valid

@@ -143,9 +143,9 @@ class DeprecatedCudaAmp(Rule):
         names = self.qnames(node)
         adds, removes = self._imports(node)
         if names & CUDA_AMP_AUTOCAST:
-            func, rest, what = "torch.autocast", list(node.args), "autocast"
+            func, what = "torch.autocast", "autocast"
         elif names & CUDA_AMP_GRADSCALER:
-            func, rest, what = "torch.amp.GradScaler", list(node.args), "GradScaler"
+            func, what = "torch.amp.GradScaler", "GradScaler"
         elif names & set(CUSTOM):
             kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
             new = cst.parse_expression(f"torch.amp.{kind}")

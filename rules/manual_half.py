@@ -1,6 +1,6 @@
 import libcst as cst
 
-from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, method_call, receiver, walk
+from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, method_call, walk
 from ampfix.rule import Invalid, Rule, Valid
 
 

@@ -1,6 +1,6 @@
 import libcst as cst
 
-from ampfix.analysis import dotted, functions_and_module, is_scaler_call, receiver, scaler_names, walk
+from ampfix.analysis import functions_and_module, is_scaler_call, scaler_names, walk
 from ampfix.rule import Invalid, Rule, Valid
 
 

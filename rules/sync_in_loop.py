@@ -1,7 +1,7 @@
 import libcst as cst
 
 from ampfix.analysis import (
-    dotted, enclosing_function, enclosing_loop, is_modulo_guarded, is_tensor_expr, is_training_loop,
+    dotted, enclosing_loop, is_modulo_guarded, is_tensor_expr, is_training_loop,
     method_call, receiver, tensor_names, walk,
 )
 from ampfix.rule import Invalid, Rule, Valid

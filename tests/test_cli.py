@@ -5,7 +5,6 @@ import stat
 import subprocess
 import sys
 
-import pytest
 from click.testing import CliRunner
 
 from ampfix import __version__

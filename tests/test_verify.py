@@ -1,9 +1,6 @@
 """ampfix verify on the CPU (CI has no GPU): the plumbing, the verdict, crashes, JSON and plot.
 The GPU figures come from bench/gpu_run.sh on a GPU machine; tests marked gpu run there."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -53,7 +53,6 @@ class Recorder:
         self.unscaled = {}
         self.sync_counts = []
         self._syncs = 0
-        self.in_step_of = None
         self.profiler = None
         self.patterns = None
         self.peak = None
