@@ -68,7 +68,7 @@ def test_never_the_hand_migration_mistakes():
 
 
 def test_refusal_leaves_the_module_whole():
-    src = b"from apex import amp\nmodel, opt = amp.initialize(model, opt, opt_level='O3')\n"
+    src = b"from apex import amp\nmodel, opt = amp.initialize(model, opt, opt_level='O3', loss_scale=128.0)\n"
     r = migrate(src)
     assert r.fixed == src.decode()
     assert any("O3" in d.message and "not rewritten" in d.message for d in r.diagnostics)
