@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
-from ampfix.analysis import base_name, bound_by_imports, import_of, with_args
+from ampfix.analysis import base_name, bound_by_imports, dotted, import_of, walk, with_args
 from ampfix.rule import Fix, ImportSpec, Rule
 
 REPLACEMENTS: Dict[str, str] = {
@@ -40,6 +41,31 @@ REPLACEMENTS: Dict[str, str] = {
 }
 
 
+#: what ``from apex.X import *`` binds, for the areas with a rewrite (libcst cannot see through a star)
+STAR_EXPORTS: Dict[str, Tuple[str, ...]] = {
+    "apex.fp16_utils": ("FP16_Optimizer", "network_to_half", "BN_convert_float", "FP16Model", "tofp16",
+                        "prep_param_lists", "master_params_to_model_params", "model_grads_to_master_grads",
+                        "to_python_float", "clip_grad_norm", "convert_module", "convert_network", "LossScaler",
+                        "DynamicLossScaler"),
+    "apex.parallel": ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model", "Reducer"),
+    "apex.optimizers": ("FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad", "FusedMixedPrecisionLamb"),
+    "apex.normalization": ("FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm"),
+}
+
+
+def star_imports(module: cst.Module) -> Dict[str, str]:
+    """Names bound by ``from apex.X import *`` (X an area above): name -> apex.X."""
+    out: Dict[str, str] = {}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for imp in stmt.body:
+            if isinstance(imp, cst.ImportFrom) and isinstance(imp.names, cst.ImportStar) and imp.module is not None:
+                mod = dotted(imp.module) or ""
+                out.update({n: mod for n in STAR_EXPORTS.get(mod, ())})
+    return out
+
+
 def replacement_for(qname: str) -> str:
     best = max((k for k in REPLACEMENTS if qname == k or qname.startswith(k + ".")), key=len, default="apex")
     return REPLACEMENTS[best]
@@ -62,12 +88,18 @@ class ApexRule(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         # names bound by apex imports: only chains starting with one need a qualified-name lookup
         self.apex_bound = bound_by_imports(node, "apex")
+        self.apex_star = star_imports(node)
 
     def apex_name(self, node) -> Optional[str]:
         base = base_name(node.func if isinstance(node, cst.Call) else node)
-        if base is None or base.value not in getattr(self, "apex_bound", ()):
+        if base is None:
             return None
-        names = sorted(q for q in self.qnames(node) if q == "apex" or q.startswith("apex."))
+        if base.value in getattr(self, "apex_star", {}) and base.value not in self.apex_bound and self._unbound(base):
+            names = [f"{self.apex_star[base.value]}.{dotted(node.func if isinstance(node, cst.Call) else node)}"]
+        elif base.value not in getattr(self, "apex_bound", ()):
+            return None
+        else:
+            names = sorted(q for q in self.qnames(node) if q == "apex" or q.startswith("apex."))
         if not names:
             return None
         q = names[0]
@@ -76,6 +108,11 @@ class ApexRule(Rule):
         if any(q == o or q.startswith(o + ".") for o in self.others):
             return None
         return q
+
+    def _unbound(self, name: cst.Name) -> bool:
+        """No assignment of ``name`` is visible where it is used (so a star import binds it)."""
+        scope = self.get_metadata(ScopeProvider, name, None)
+        return scope is not None and not scope[name.value]
 
     def _check(self, node) -> None:
         parent = self.parent(node)
@@ -102,6 +139,23 @@ class ApexRule(Rule):
         spec = import_of(self, base) if base is not None else None
         removes = [spec] if spec is not None and spec.module.split(".")[0] == "apex" else []
         return [ImportSpec("torch")], removes
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        """``from apex.X import *`` that nothing uses any more (its uses were rewritten) goes:
+        left behind it would fail where apex is not installed."""
+        if not isinstance(node.names, cst.ImportStar) or node.module is None or dotted(node.module) != self.prefix:
+            return
+        exports = STAR_EXPORTS.get(self.prefix, ())
+        line = self.parent(node)
+        if not exports or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return
+        for n in walk(self.module, into_functions=True):
+            if isinstance(n, cst.Name) and n.value in exports and self._unbound(n):
+                parent = self.parent(n)
+                if not (isinstance(parent, cst.Attribute) and parent.attr is n):
+                    return
+        self.report(node, f"`from {self.prefix} import *` is NVIDIA apex, and nothing in this module uses it",
+                    Fix(f"remove the unused `from {self.prefix} import *`", [(line, cst.RemovalSentinel.REMOVE)]))
 
     def visit_Name(self, node: cst.Name) -> None:
         self._check(node)

@@ -23,16 +23,25 @@ class Refuse(Exception):
 
 
 CUDA = '"cuda"'
+#: generated lines longer than this are broken
+MAX_LINE = 100
 STATIC_NOTE = ("static loss scale: GradScaler starts at it and never grows (growth_interval=2**31-1); it still skips "
                "a step whose gradients overflow and halves the scale, where apex applied it")
 
 
 # ------------------------------------------------------------------------------ spellings
-def scaler_call(settings, args: List[str]) -> str:
-    """``torch.amp.GradScaler("cuda", ...)``, or ``torch.cuda.amp.GradScaler(...)`` for that target."""
+def scaler_call(settings, args: List[str], indent: int = 0, head: str = "") -> str:
+    """``torch.amp.GradScaler("cuda", ...)``, or ``torch.cuda.amp.GradScaler(...)`` for that
+    target; one argument a line when the statement (``head`` + call, at ``indent``) is long."""
     if settings.target == "torch.cuda.amp":
-        return f"torch.cuda.amp.GradScaler({', '.join(args)})"
-    return f"torch.amp.GradScaler({', '.join([CUDA, *args])})"
+        func = "torch.cuda.amp.GradScaler"
+    else:
+        func, args = "torch.amp.GradScaler", [CUDA, *args]
+    one = f"{func}({', '.join(args)})"
+    if indent + len(head) + len(one) <= MAX_LINE or len(args) < 2:
+        return one
+    pad = " " * (indent + 4)
+    return f"{func}(\n" + "".join(f"{pad}{a},\n" for a in args) + " " * indent + ")"
 
 
 def autocast_call(settings, enabled: str = "True") -> str:
@@ -103,6 +112,11 @@ def sole_expr(line) -> Optional[cst.BaseExpression]:
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Expr):
         return line.body[0].value
     return None
+
+
+def comment_lines(node) -> List[cst.EmptyLine]:
+    """Every comment in a statement (its leading lines included), in order, as comment lines."""
+    return [cst.EmptyLine(comment=n) for n in [node, *walk(node, into_functions=True)] if isinstance(n, cst.Comment)]
 
 
 # ------------------------------------------------------------------------------ the planner
@@ -192,14 +206,20 @@ class ModuleMigration(ApexRule):
         self.edits.append((node, rep))
 
     def remove(self, node) -> None:
-        """Remove a statement; comment lines above it move to the next statement of its block."""
+        """Remove a statement; its comments move above the next statement of its block.  The
+        sole statement of an ``if`` without ``else`` takes the ``if`` with it."""
         block = self.parent(node)
+        owner = self.parent(block)
+        if (isinstance(block, cst.IndentedBlock) and len(block.body) == 1 and isinstance(owner, cst.If)
+                and owner.orelse is None and owner.body is block):
+            self.remove(owner)
+            return
         body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else [node]
         idx = next(i for i, s in enumerate(body) if s is node)
-        own = [*self.carry.pop(id(node), []), *node.leading_lines]
-        if any(line.comment is not None for line in own):
+        own = [*self.carry.pop(id(node), []), *comment_lines(node)]
+        if own:
             if idx + 1 >= len(body):
-                raise Refuse(f"the comment above line {line_of(self, node)} would be lost with the statement")
+                raise Refuse(f"a comment in line {line_of(self, node)} would be lost with the statement")
             self.carry.setdefault(id(body[idx + 1]), []).extend(own)
         if len(body) == 1 and not isinstance(block, cst.Module):
             raise Refuse(f"removing line {line_of(self, node)} would leave an empty block")
@@ -226,25 +246,24 @@ class ModuleMigration(ApexRule):
         the site itself."""
         guard = self.parent(self.parent(site))
         if (isinstance(guard, cst.If) and isinstance(guard.orelse, cst.Else) and guard.body.body == (site,)
-                and len(guard.orelse.body.body) == 1 and plain(guard.orelse.body.body[0])):
+                and len(guard.orelse.body.body) == 1 and plain(guard.orelse.body.body[0])
+                and not comment_lines(guard.orelse) and not self.code_of(guard.test).count("#")):
             return guard
         return site
 
-    def replace_site(self, site, inner, new_inner) -> None:
-        """Replace statement ``inner`` (the site itself or the one statement of the guard
-        ``site``) by the statements ``new_inner(updated_inner)`` returns."""
-        count = self.expand.get(id(inner), None)
-        leading = site.leading_lines
+    def unwrap_guard(self, guard) -> None:
+        """A guard from :meth:`collapse_guard` becomes its (updated) if-body."""
+        leading = guard.leading_lines
         carry = self.carry
+        self.expand[id(guard)] = sum(self.expand.get(id(s), 1) for s in guard.body.body)
 
         def rep(u):
-            w = u if site is inner else u.body.body[0]
-            stmts = new_inner(w)
-            stmts[0] = stmts[0].with_changes(leading_lines=[*carry.get(id(site), []), *leading])
+            stmts = list(u.body.body)
+            stmts[0] = stmts[0].with_changes(leading_lines=[*carry.get(id(guard), []), *leading,
+                                                             *stmts[0].leading_lines])
             return cst.FlattenSentinel(stmts)
 
-        self.expand[id(site)] = count if count is not None else 1
-        self.edits.append((site, rep))
+        self.edits.append((guard, rep))
 
     # -- steps ------------------------------------------------------------------------------
     def rewrite_steps(self, optimizers: Dict[cst.CSTNode, Set[str]], scaler: str) -> None:

@@ -2,6 +2,7 @@
 from typing import Dict, List, Optional, Set
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from ampfix.analysis import arg, dotted, enclosing_function, line_of, method_call, receiver, statement_of, walk
 from ampfix.rule import Fix, ImportSpec, Invalid, Valid
@@ -247,8 +248,10 @@ class ApexAmp(ModuleMigration):
             new_stmts = self._pure_fp16(init, assign, models)
             init_node = line
         else:
+            col = self.get_metadata(PositionProvider, line).start.column
+
             def make(extra=()):
-                return stmt(f"{scaler} = {scaler_call(self.settings, [*scaler_args, *extra])}")
+                return stmt(f"{scaler} = {scaler_call(self.settings, [*scaler_args, *extra], col, scaler + ' = ')}")
 
             new_stmts = [make()]
             if isinstance(assign, cst.Assign):

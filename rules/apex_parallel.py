@@ -50,6 +50,20 @@ class ApexParallel(ApexRule):
     VALID = [Valid("import torch\nm = torch.nn.parallel.DistributedDataParallel(m)\n")]
     INVALID = [
         Invalid(
+            # a star import: the names it binds are found, and it goes with the last of them
+            """
+            import torch
+            from apex.parallel import *
+
+            model = DistributedDataParallel(model)
+            """,
+            expected="""
+            import torch
+
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            """,
+        ),
+        Invalid(
             """
             import torch
             from apex.parallel import DistributedDataParallel as DDP, convert_syncbn_model

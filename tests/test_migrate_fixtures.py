@@ -39,7 +39,7 @@ def test_golden(name):
 
 
 def test_fixtures_cover_the_patterns():
-    assert {"cnn_checkpoint.py", "transformer_lm.py", "gan.py", "trainer_class.py",
+    assert {"cnn_checkpoint.py", "transformer_lm.py", "gan.py", "trainer_class.py", "fp16_optimizer.py",
             "ddp_syncbn_fusedadam.py"} <= set(NAMES)
 
 
