@@ -162,30 +162,36 @@ class ModuleMigration(ApexRule):
 
     # -- where the scaler lives ---------------------------------------------------------------
     def scaler_home(self, module, made_at, sites) -> str:
-        """The scaler's name: a local (or module global) when it is made in a function or at the
-        top level, ``self.<name>`` when made in a method and used in other methods of the class.
-        Raises Refuse when one of ``sites`` cannot reach it."""
+        """The scaler's name: a local (or module global) when it is made at the top level or in
+        the function that uses it, ``self.<name>`` when made in a method and used in other
+        methods of the class, and a module global (``global scaler`` where it is made) when
+        made in a plain function and used in others (``main()`` builds, ``train()`` steps).
+        Sets ``self.global_scaler`` for the last case.  Raises Refuse when one of ``sites``
+        cannot reach it."""
         func = enclosing_function(self, made_at)
         cls = None
         if func is not None and func.params.params and func.params.params[0].name.value == "self":
             cls = next((a for a in self.ancestors(func) if isinstance(a, cst.ClassDef)), None)
         taken = names_in(module)
         base = "scaler" if "scaler" not in taken and "self.scaler" not in taken else "grad_scaler"
-
-        def reachable(site) -> bool:
-            if func is None:
-                return True
-            if cls is None:
-                return any(a is func for a in self.ancestors(site))
-            f = enclosing_function(self, site)
-            return (f is not None and any(a is cls for a in self.ancestors(f)) and f.params.params
-                    and f.params.params[0].name.value == "self")
-
+        self.global_scaler = False
         for site in sites:
-            if site is not made_at and not reachable(site):
+            if site is made_at or func is None or (cls is None and any(a is func for a in self.ancestors(site))):
+                continue
+            if cls is None:
+                self.global_scaler = True
+                continue
+            f = enclosing_function(self, site)
+            if not (f is not None and any(a is cls for a in self.ancestors(f)) and f.params.params
+                    and f.params.params[0].name.value == "self"):
                 raise Refuse(f"the scaler made at line {line_of(self, made_at)} cannot reach `{self.code_of(site)}` "
                              f"at line {line_of(self, site)}")
         return f"self.{base}" if cls is not None else base
+
+    def scaler_statements(self, scaler: str, call: str) -> List[cst.BaseStatement]:
+        """``scaler = <call>``, declared global first when the scaler is shared across functions."""
+        out = [stmt(f"{scaler} = {call}")]
+        return [stmt(f"global {scaler}"), *out] if self.global_scaler else out
 
     # -- statement edits ------------------------------------------------------------------------
     def put(self, node, new_stmts) -> None:

@@ -31,7 +31,9 @@ class ApexAmp(ModuleMigration):
 
     * `model, opt = amp.initialize(model, opt, opt_level="O1", ...)` becomes
       `scaler = torch.amp.GradScaler("cuda")` (or `self.scaler` when initialize runs in one
-      method and the step in another of the same class).  `O0` / `enabled=False` give
+      method and the step in another of the same class, or a module global, declared
+      `global scaler`, when initialize runs in `main()` and the step in `train()`; autocast
+      there follows `scaler.is_enabled()`).  `O0` / `enabled=False` give
       `enabled=False` on the scaler and autocast; a non-literal `opt_level` gives
       `enabled=<opt_level> != "O0"`; a numeric `loss_scale` gives `init_scale=` and no growth;
       the other options are mapped or named in the fix's description, never dropped silently.
@@ -127,6 +129,43 @@ class ApexAmp(ModuleMigration):
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
                 scaler.update()
+            """,
+        ),
+        Invalid(
+            # initialize in main(), the step in train(): a module-level scaler, declared global
+            """
+            from apex import amp
+
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                    optimizer.step()
+
+            def main(args):
+                model, optimizer = build()
+                if args.fp16:
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                train(model, loader, optimizer)
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):
+                        loss = criterion(model(x), y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+
+            def main(args):
+                model, optimizer = build()
+                global scaler
+                scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))
+                train(model, loader, optimizer)
             """,
         ),
         Invalid(
@@ -251,9 +290,10 @@ class ApexAmp(ModuleMigration):
             col = self.get_metadata(PositionProvider, line).start.column
 
             def make(extra=()):
-                return stmt(f"{scaler} = {scaler_call(self.settings, [*scaler_args, *extra], col, scaler + ' = ')}")
+                return self.scaler_statements(scaler, scaler_call(self.settings, [*scaler_args, *extra], col,
+                                                                  scaler + " = "))
 
-            new_stmts = [make()]
+            new_stmts = make()
             if isinstance(assign, cst.Assign):
                 target = assign.targets[0].target
                 if self.leaves(target) != [leaf for e in src for leaf in self.leaves(e)]:
@@ -263,16 +303,20 @@ class ApexAmp(ModuleMigration):
                     and guard.body.body[0] is line and enabled == "True"):
                 cond = guard.test
                 enabled = as_bool(self.code_of(cond), cond)
-                new_stmts = [make([f"enabled={enabled}"]), *new_stmts[1:]]
+                n = len(make())
+                new_stmts = [*make([f"enabled={enabled}"]), *new_stmts[n:]]
                 init_node = guard
             else:
                 if enabled != "True":
-                    new_stmts[0] = make([f"enabled={enabled}"])
+                    n = len(make())
+                    new_stmts = [*make([f"enabled={enabled}"]), *new_stmts[n:]]
                 init_node = line
         self.put(init_node, new_stmts)
 
         # -- scale_loss sites ------------------------------------------------------------------
         stop = {"init": init_node, "models": names_in(models.value) if models else set()}
+        if self.global_scaler and enabled != "True":
+            enabled = f"{scaler}.is_enabled()"  # the other functions may not see the guard's names
         autocast = autocast_call(self.settings, enabled)
         optimizers: Dict[cst.CSTNode, Set[str]] = {}  # unit -> optimizer names
         for call in uses.get("scale_loss", []):

@@ -260,7 +260,7 @@ class ApexFp16Utils(ModuleMigration):
         else:
             init_node = line
         col = self.get_metadata(PositionProvider, init_node).start.column
-        new = [stmt(f"{scaler} = {scaler_call(self.settings, scaler_args, col, scaler + ' = ')}")]
+        new = self.scaler_statements(scaler, scaler_call(self.settings, scaler_args, col, scaler + " = "))
         if inner_code != opt:
             new.insert(0, stmt(f"{opt} = {inner_code}"))
         self.put(init_node, new)
@@ -268,6 +268,8 @@ class ApexFp16Utils(ModuleMigration):
         # -- the model stays float32; its inputs too --------------------------------------------
         models = self._unhalf_models(module, uses)
         stop = {"init": init_node, "models": models}
+        if self.global_scaler and enabled != "True":
+            enabled = f"{scaler}.is_enabled()"  # the other functions may not see the guard's names
         autocast = autocast_call(self.settings, enabled)
 
         # -- backward, steps ---------------------------------------------------------------------
