@@ -165,6 +165,7 @@ def migrate(**kw):
         else:
             for r in changed:
                 out.write(unified_diff(r))
+            out.flush()  # the diff before the report, on a terminal too
         if not kw["quiet"]:
             err = click.get_text_stream("stderr")
             migrate_report(results, kw["write"], err)

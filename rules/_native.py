@@ -15,6 +15,7 @@ from ampfix.analysis import (
     bound_by_imports, dotted, enclosing_function, is_optimizer_step, line_of, method_call, receiver, statement_of, walk,
 )
 from ampfix.rule import Fix
+from libcst.metadata import PositionProvider
 from ampfix.rules._apex import ApexRule
 
 
@@ -192,6 +193,53 @@ class ModuleMigration(ApexRule):
         """``scaler = <call>``, declared global first when the scaler is shared across functions."""
         out = [stmt(f"{scaler} = {call}")]
         return [stmt(f"global {scaler}"), *out] if self.global_scaler else out
+
+    def place_scaler(self, line, scaler: str, scaler_args: List[str], enabled: str, before=(), after=()):
+        """Replace ``line`` (amp.initialize, FP16_Optimizer(...)) by the scaler, with ``before`` and
+        ``after`` statements around it.  Under ``if cond:`` (no else) the scaler is made
+        unconditionally, ``enabled=cond``, before the ``if`` (or in its place when nothing else
+        is left in it): the uses of the scaler are unconditional once migrated.  Any other
+        enclosing control flow (a loop, an else branch, a try) refuses.  Returns the statement
+        that now holds the scaler and the ``enabled`` expression."""
+        guard = self.parent(self.parent(line))
+        guarded = isinstance(guard, cst.If) and guard.orelse is None and any(s is line for s in guard.body.body)
+        for a in self.ancestors(line):
+            if isinstance(a, (cst.FunctionDef, cst.ClassDef, cst.Module)):
+                break
+            if a is guard and guarded:
+                continue
+            if isinstance(a, (cst.If, cst.Else, cst.For, cst.While, cst.Try, cst.ExceptHandler, cst.Finally, cst.With)):
+                raise Refuse(f"line {line_of(self, line)} runs inside a {type(a).__name__.lower()} statement (line "
+                             f"{line_of(self, a)}): the scaler must exist wherever the step runs")
+        if guarded:
+            cond = as_bool(self.code_of(guard.test), guard.test)
+            enabled = cond if enabled == "True" else ("False" if enabled == "False" else f"{cond} and ({enabled})")
+        node = guard if guarded else line
+        col = self.get_metadata(PositionProvider, node).start.column
+        args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
+        made = self.scaler_statements(scaler, scaler_call(self.settings, args, col, scaler + " = "))
+        if not guarded or guard.body.body == (line,):
+            self.put(node, [*before, *made, *after])
+            return node, enabled
+        # the guard keeps its other statements; the line becomes before + after (or goes)
+        rest = [*before, *after]
+        if rest:
+            self.put(line, rest)
+        else:
+            self.expand[id(line)] = 0
+            self.edits.append((line, cst.RemovalSentinel.REMOVE))
+        leading, carry, expand = guard.leading_lines, self.carry, self.expand
+
+        def rep(u):
+            lines = [*carry.get(id(guard), []), *leading, *(carry.get(id(line), []) if not rest else [])]
+            out = [*made, *([u.with_changes(leading_lines=[])] if u.body.body else [])]
+            expand[id(guard)] = len(out)
+            out[0] = out[0].with_changes(leading_lines=lines)
+            return cst.FlattenSentinel(out)
+
+        self.expand[id(guard)] = len(made) + 1
+        self.edits.append((guard, rep))
+        return guard, enabled
 
     # -- statement edits ------------------------------------------------------------------------
     def put(self, node, new_stmts) -> None:

@@ -2,12 +2,11 @@
 from typing import Dict, List, Optional, Set
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
 from ampfix.analysis import arg, dotted, enclosing_function, line_of, method_call, receiver, statement_of, walk
 from ampfix.rule import Fix, ImportSpec, Invalid, Valid
 from ampfix.rules._native import (
-    STATIC_NOTE, ModuleMigration, Refuse, as_bool, autocast_call, names_in, scaler_call, sole_expr, stmt,
+    STATIC_NOTE, ModuleMigration, Refuse, as_bool, autocast_call, names_in, sole_expr, stmt,
     target_description,
 )
 
@@ -286,32 +285,14 @@ class ApexAmp(ModuleMigration):
                          "scaling; opt_level O1's autocast is the safer choice")
             new_stmts = self._pure_fp16(init, assign, models)
             init_node = line
+            self.put(init_node, new_stmts)
         else:
-            col = self.get_metadata(PositionProvider, line).start.column
-
-            def make(extra=()):
-                return self.scaler_statements(scaler, scaler_call(self.settings, [*scaler_args, *extra], col,
-                                                                  scaler + " = "))
-
-            new_stmts = make()
+            after = []
             if isinstance(assign, cst.Assign):
                 target = assign.targets[0].target
                 if self.leaves(target) != [leaf for e in src for leaf in self.leaves(e)]:
-                    new_stmts.append(stmt(f"{self.code_of(target)} = {', '.join(self.code_of(e) for e in src)}"))
-            guard = self.parent(self.parent(line))
-            if (isinstance(guard, cst.If) and guard.orelse is None and len(guard.body.body) == 1
-                    and guard.body.body[0] is line and enabled == "True"):
-                cond = guard.test
-                enabled = as_bool(self.code_of(cond), cond)
-                n = len(make())
-                new_stmts = [*make([f"enabled={enabled}"]), *new_stmts[n:]]
-                init_node = guard
-            else:
-                if enabled != "True":
-                    n = len(make())
-                    new_stmts = [*make([f"enabled={enabled}"]), *new_stmts[n:]]
-                init_node = line
-        self.put(init_node, new_stmts)
+                    after.append(stmt(f"{self.code_of(target)} = {', '.join(self.code_of(e) for e in src)}"))
+            init_node, enabled = self.place_scaler(line, scaler, scaler_args, enabled, after=after)
 
         # -- scale_loss sites ------------------------------------------------------------------
         stop = {"init": init_node, "models": names_in(models.value) if models else set()}

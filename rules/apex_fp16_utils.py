@@ -3,12 +3,11 @@ all-or-nothing fix per module."""
 from typing import Dict, List, Optional, Set
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
 from ampfix.analysis import arg, dotted, enclosing_function, line_of, method_call, receiver, statement_of, walk
 from ampfix.rule import Fix, ImportSpec, Invalid, Valid
 from ampfix.rules._native import (
-    STATIC_NOTE, ModuleMigration, Refuse, as_bool, autocast_call, scaler_call, sole_expr, stmt,
+    STATIC_NOTE, ModuleMigration, Refuse, as_bool, autocast_call, sole_expr, stmt,
     target_description,
 )
 
@@ -251,19 +250,8 @@ class ApexFp16Utils(ModuleMigration):
 
         # -- the scaler replaces the FP16_Optimizer --------------------------------------------
         inner_code = self.code_of(inner.value)
-        guard = self.parent(self.parent(line))
-        enabled = "True"
-        if isinstance(guard, cst.If) and guard.orelse is None and guard.body.body == (line,):
-            enabled = as_bool(self.code_of(guard.test), guard.test)
-            scaler_args.append(f"enabled={enabled}")
-            init_node = guard
-        else:
-            init_node = line
-        col = self.get_metadata(PositionProvider, init_node).start.column
-        new = self.scaler_statements(scaler, scaler_call(self.settings, scaler_args, col, scaler + " = "))
-        if inner_code != opt:
-            new.insert(0, stmt(f"{opt} = {inner_code}"))
-        self.put(init_node, new)
+        before = [stmt(f"{opt} = {inner_code}")] if inner_code != opt else []
+        init_node, enabled = self.place_scaler(line, scaler, scaler_args, "True", before=before)
 
         # -- the model stays float32; its inputs too --------------------------------------------
         models = self._unhalf_models(module, uses)
