@@ -209,8 +209,10 @@ class ModuleMigration(ApexRule):
             if a is guard and guarded:
                 continue
             if isinstance(a, (cst.If, cst.Else, cst.For, cst.While, cst.Try, cst.ExceptHandler, cst.Finally, cst.With)):
-                raise Refuse(f"line {line_of(self, line)} runs inside a {type(a).__name__.lower()} statement (line "
-                             f"{line_of(self, a)}): the scaler must exist wherever the step runs")
+                kind = {cst.If: "an `if` with an `else`", cst.Else: "an `else` branch", cst.For: "a `for` loop",
+                        cst.While: "a `while` loop", cst.With: "a `with` block"}.get(type(a), "a `try` statement")
+                raise Refuse(f"line {line_of(self, line)} runs inside {kind} (line {line_of(self, a)}): the scaler "
+                             f"must exist wherever the step runs; make it once, before, by hand")
         if guarded:
             cond = as_bool(self.code_of(guard.test), guard.test)
             enabled = cond if enabled == "True" else ("False" if enabled == "False" else f"{cond} and ({enabled})")

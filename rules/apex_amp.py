@@ -168,6 +168,52 @@ class ApexAmp(ModuleMigration):
             """,
         ),
         Invalid(
+            # the shape of the Hugging Face example scripts: the import and initialize under
+            # one guard; the scaler is hoisted out of it, and the guard goes once empty
+            """
+            import torch
+
+            def train(args, model, optimizer, loader):
+                if args.fp16:
+                    try:
+                        from apex import amp
+                    except ImportError:
+                        raise ImportError("Please install apex")
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                for batch in loader:
+                    loss = model(**batch)[0]
+                    if args.fp16:
+                        with amp.scale_loss(loss, optimizer) as scaled_loss:
+                            scaled_loss.backward()
+                    else:
+                        loss.backward()
+                    optimizer.step()
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            def train(args, model, optimizer, loader):
+                scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))
+                for batch in loader:
+                    with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):
+                        loss = model(**batch)[0]
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """,
+        ),
+        Invalid(
+            """
+            from apex import amp
+            if args.amp:
+                model, optimizer = amp.initialize(model, optimizer)
+            else:
+                model = model.half()
+            """,
+            message="runs inside an `if` with an `else`",
+        ),
+        Invalid(
             """
             from apex import amp as A
             model, opt = A.initialize(model, opt, opt_level="O3")
