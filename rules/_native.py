@@ -209,7 +209,7 @@ class ModuleMigration(ApexRule):
             if a is guard and guarded:
                 continue
             if isinstance(a, (cst.If, cst.Else, cst.For, cst.While, cst.Try, cst.ExceptHandler, cst.Finally, cst.With)):
-                kind = {cst.If: "an `if` with an `else`", cst.Else: "an `else` branch", cst.For: "a `for` loop",
+                kind = {cst.If: "an `if` with an `else`" if getattr(a, "orelse", None) else "a nested `if`", cst.Else: "an `else` branch", cst.For: "a `for` loop",
                         cst.While: "a `while` loop", cst.With: "a `with` block"}.get(type(a), "a `try` statement")
                 raise Refuse(f"line {line_of(self, line)} runs inside {kind} (line {line_of(self, a)}): the scaler "
                              f"must exist wherever the step runs; make it once, before, by hand")
