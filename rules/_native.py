@@ -41,8 +41,8 @@ def scaler_call(settings, args: List[str], indent: int = 0, head: str = "") -> s
     one = f"{func}({', '.join(args)})"
     if indent + len(head) + len(one) <= MAX_LINE or len(args) < 2:
         return one
-    pad = " " * (indent + 4)
-    return f"{func}(\n" + "".join(f"{pad}{a},\n" for a in args) + " " * indent + ")"
+    # continuation lines are relative: libcst adds the block's indentation when it renders
+    return f"{func}(\n" + "".join(f"    {a},\n" for a in args) + ")"
 
 
 def autocast_call(settings, enabled: str = "True") -> str:

@@ -204,6 +204,32 @@ class ApexAmp(ModuleMigration):
             """,
         ),
         Invalid(
+            # ViT-pytorch and its many copies set the first loss scale through apex's private state
+            """
+            from apex import amp
+            if args.fp16:
+                model, optimizer = amp.initialize(models=model, optimizers=optimizer, opt_level="O2")
+                amp._amp_state.loss_scalers[0]._loss_scale = 2**20
+            for x, y in loader:
+                loss = model(x, y)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+            """,
+            count=3,
+            expected="""
+            import torch
+
+            scaler = torch.amp.GradScaler("cuda", init_scale=2**20, enabled=bool(args.fp16))
+            for x, y in loader:
+                with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):
+                    loss = model(x, y)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            """,
+        ),
+        Invalid(
             """
             from apex import amp
             if args.amp:
@@ -297,16 +323,32 @@ class ApexAmp(ModuleMigration):
             if q is None or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(n)):
                 continue
             kind = q[len("apex.amp."):] if q.startswith("apex.amp.") else q
+            if kind == "_amp_state.loss_scalers" and self._initial_scale(n) is not None:
+                uses.setdefault("initial_scale", []).append(self._initial_scale(n))
+                continue
             if not (isinstance(parent, cst.Call) and parent.func is n):
                 raise Refuse(f"`{q}` is used other than by calling it (line {line_of(self, n)})")
             uses.setdefault(kind, []).append(parent)
         return uses
 
+    def _initial_scale(self, n) -> Optional[cst.Assign]:
+        """``amp._amp_state.loss_scalers[0]._loss_scale = 2**20`` (a line the ViT-pytorch family
+        of scripts copies after initialize): the scaler's ``init_scale``."""
+        sub, attr = self.parent(n), self.parent(self.parent(n))
+        line = statement_of(self, n)
+        assign = line.body[0] if line is not None and len(line.body) == 1 else None
+        if (isinstance(sub, cst.Subscript) and isinstance(attr, cst.Attribute) and attr.value is sub
+                and attr.attr.value == "_loss_scale" and self.code_of(sub.slice[0].slice) == "0"
+                and isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is attr):
+            return assign
+        return None
+
     def plan(self, module: cst.Module) -> Optional[Fix]:
         uses = self._uses(module)
         if not uses:
             return None
-        unknown = sorted(set(uses) - {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict"})
+        unknown = sorted(set(uses) - {"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
+                                      "initial_scale"})
         if unknown:
             raise Refuse(f"apex.amp.{unknown[0]} has no automatic rewrite")
         inits = uses.get("initialize", [])
@@ -316,6 +358,16 @@ class ApexAmp(ModuleMigration):
         init = inits[0]
         self.anchor = init.func
         enabled, notes, scaler_args, pure = self._initialize_options(init)
+        for assign in uses.pop("initial_scale", []):
+            value = assign.value
+            if pure or any(isinstance(x, (cst.Name, cst.Attribute, cst.Call)) for x in [value, *walk(value)]):
+                raise Refuse(f"the loss scale set at line {line_of(self, assign)} is not a number")
+            if self.parent(statement_of(self, assign)) is not self.parent(statement_of(self, init)):
+                raise Refuse(f"the loss scale set at line {line_of(self, assign)} is not beside amp.initialize")
+            scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
+            scaler_args.insert(0, f"init_scale={self.code_of(value)}")
+            notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
+            self.remove(statement_of(self, assign))
         scaler = self.scaler_home(module, init, [c for calls in uses.values() for c in calls])
 
         # -- initialize ------------------------------------------------------------------------
