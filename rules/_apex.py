@@ -56,13 +56,10 @@ STAR_EXPORTS: Dict[str, Tuple[str, ...]] = {
 def star_imports(module: cst.Module) -> Dict[str, str]:
     """Names bound by ``from apex.X import *`` (X an area above): name -> apex.X."""
     out: Dict[str, str] = {}
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for imp in stmt.body:
-            if isinstance(imp, cst.ImportFrom) and isinstance(imp.names, cst.ImportStar) and imp.module is not None:
-                mod = dotted(imp.module) or ""
-                out.update({n: mod for n in STAR_EXPORTS.get(mod, ())})
+    for imp in walk(module):  # module level, guarded imports (try/if) included
+        if isinstance(imp, cst.ImportFrom) and isinstance(imp.names, cst.ImportStar) and imp.module is not None:
+            mod = dotted(imp.module) or ""
+            out.update({n: mod for n in STAR_EXPORTS.get(mod, ())})
     return out
 
 

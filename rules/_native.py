@@ -346,7 +346,8 @@ class ModuleMigration(ApexRule):
     # -- the autocast region ---------------------------------------------------------------------
     def wrap(self, site, loss, autocast: str, stop: dict) -> List[cst.CSTNode]:
         """Plan an autocast region around the statements before ``site`` (in its block) that
-        compute ``loss``, by data flow; return those statements."""
+        compute ``loss``, by data flow, from the first that uses a model (``stop["models"]``);
+        return every statement the loss depends on there."""
         block = self.parent(site)
         stmts = list(block.body)
         idx = next(i for i, s in enumerate(stmts) if s is site)
@@ -366,8 +367,10 @@ class ModuleMigration(ApexRule):
         if first is None:
             raise Refuse(f"the loss `{self.code_of(loss)}` is not computed in the block that scales it (line "
                          f"{line_of(self, site)}): wrap its forward pass in {autocast} by hand")
+        # statements before the first that uses the model only prepare inputs: they stay out
+        start = next((j for j in range(first, last + 1) if names_in(stmts[j]) & (stop["models"] - {"self"})), first)
         entry = self.wraps.setdefault(id(block), (block, []))
-        entry[1].append((stmts[first], stmts[last]))
+        entry[1].append((stmts[start], stmts[last]))
         return stmts[first:last + 1]
 
     def is_scaling_site(self, node) -> bool:
