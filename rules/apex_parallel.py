@@ -6,7 +6,9 @@ from ampfix.rules._apex import ApexRule, join_args
 
 #: apex DDP keyword -> what happens to it
 DDP_KEEP = {"delay_allreduce": "dropped: torch DDP overlaps all-reduce in buckets and gives the same gradients",
-            "gradient_average": "dropped: torch DDP always averages"}
+            "gradient_average": "dropped: torch DDP always averages",
+            "gradient_predivide_factor": ("dropped: it only split apex's averaging around the all-reduce, against "
+                                          "float16 overflow; torch DDP averages the gradients itself")}
 
 
 class ApexParallel(ApexRule):
@@ -93,10 +95,23 @@ class ApexParallel(ApexRule):
             m = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=9.5367431640625)
             """,
         ),
+        Invalid(
+            # ViT-pytorch's call
+            """
+            import torch
+            from apex.parallel import DistributedDataParallel as DDP
+            model = DDP(model, message_size=250000000, gradient_predivide_factor=get_world_size())
+            """,
+            expected="""
+            import torch
+            model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=953.67431640625)
+            """,
+        ),
         Invalid("from apex.parallel import DistributedDataParallel as DDP\nisinstance(m, DDP)\n",
                 message="a reference, not a call"),
         Invalid("import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n",
-                message="left for a person", expected="import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n"),
+                message="`allreduce_always_fp32` has no torch equivalent",
+                expected="import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n"),
     ]
 
     def message(self, qname, fix, call=None):
@@ -104,7 +119,10 @@ class ApexParallel(ApexRule):
         if call is None:
             text += " (a reference, not a call: rename it by hand)"
         elif fix is None and qname.split(".")[-1] in ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"):
-            text += " (an argument has no torch equivalent: left for a person)"
+            known = {*DDP_KEEP, "message_size", "module", "process_group", "gradient_average"}
+            odd = [a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value not in known]
+            what = f"`{odd[0]}` has" if odd else "an argument has"
+            text += f" ({what} no torch equivalent: left for a person)"
         return text
 
     def fix_for(self, node, call, qname):
