@@ -14,8 +14,9 @@ import libcst as cst
 from ampfix.analysis import (
     bound_by_imports, dotted, enclosing_function, is_optimizer_step, line_of, method_call, receiver, statement_of, walk,
 )
-from ampfix.rule import Fix
 from libcst.metadata import PositionProvider
+
+from ampfix.rule import Fix
 from ampfix.rules._apex import ApexRule
 
 
@@ -161,6 +162,27 @@ class ModuleMigration(ApexRule):
             text += f" ({self.note})"
         return text
 
+    # -- what the module uses -----------------------------------------------------------------
+    def references(self, module):
+        """Each use of this rule's apex area outside imports: (outermost Name/Attribute, its
+        qualified name)."""
+        for n in walk(module, into_functions=True):
+            if not isinstance(n, (cst.Name, cst.Attribute)):
+                continue
+            parent = self.parent(n)
+            if isinstance(parent, cst.Attribute) and parent.value is n:
+                continue
+            q = self.apex_name(n)
+            if q is not None and not any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(n)):
+                yield n, q
+
+    def called(self, n, q) -> cst.Call:
+        """The call of which ``n`` is the function; Refuse when ``n`` is used otherwise."""
+        parent = self.parent(n)
+        if not (isinstance(parent, cst.Call) and parent.func is n):
+            raise Refuse(f"`{q}` is used other than by calling it (line {line_of(self, n)})")
+        return parent
+
     # -- where the scaler lives ---------------------------------------------------------------
     def scaler_home(self, module, made_at, sites) -> str:
         """The scaler's name: a local (or module global) when it is made at the top level or in
@@ -297,21 +319,20 @@ class ModuleMigration(ApexRule):
                 yield n
 
     def collapse_guard(self, site, plain) -> cst.CSTNode:
-        """``if c: <site> else: <plain>`` (``plain(stmt)`` true of the one else statement) is
-        the site alone once migrated (native AMP has no separate path): the If to replace, or
-        the site itself."""
+        """``if c: <site> else: <plain>`` (``plain(stmt)`` true of the one else statement)
+        becomes the (updated) site alone, since native AMP has no separate path; call it after
+        the site's own edits.  Returns the statement that holds the site in its block now: the
+        If, or the site itself.  A comment only the If holds (its test, its else) keeps it."""
         guard = self.parent(self.parent(site))
-        if (isinstance(guard, cst.If) and isinstance(guard.orelse, cst.Else) and guard.body.body == (site,)
-                and len(guard.orelse.body.body) == 1 and plain(guard.orelse.body.body[0])
-                and not comment_lines(guard.orelse) and not self.code_of(guard.test).count("#")):
-            return guard
-        return site
-
-    def unwrap_guard(self, guard) -> None:
-        """A guard from :meth:`collapse_guard` becomes its (updated) if-body."""
+        if not (isinstance(guard, cst.If) and isinstance(guard.orelse, cst.Else) and guard.body.body == (site,)
+                and len(guard.orelse.body.body) == 1 and plain(guard.orelse.body.body[0])):
+            return site
+        own = [line for line in guard.leading_lines if line.comment is not None]
+        if len(comment_lines(guard)) != len(own) + len(comment_lines(site)):
+            return site
         leading = guard.leading_lines
         carry = self.carry
-        self.expand[id(guard)] = sum(self.expand.get(id(s), 1) for s in guard.body.body)
+        self.expand[id(guard)] = self.expand.get(id(site), 1)
 
         def rep(u):
             stmts = list(u.body.body)
@@ -320,6 +341,7 @@ class ModuleMigration(ApexRule):
             return cst.FlattenSentinel(stmts)
 
         self.edits.append((guard, rep))
+        return guard
 
     # -- steps ------------------------------------------------------------------------------
     def rewrite_steps(self, optimizers: Dict[cst.CSTNode, Set[str]], scaler: str) -> None:

@@ -313,22 +313,13 @@ class ApexAmp(ModuleMigration):
 
     def _uses(self, module):
         uses: Dict[str, List[cst.Call]] = {}
-        for n in walk(module, into_functions=True):
-            if not isinstance(n, (cst.Name, cst.Attribute)):
-                continue
-            parent = self.parent(n)
-            if isinstance(parent, cst.Attribute) and parent.value is n:
-                continue
-            q = self.apex_name(n)
-            if q is None or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(n)):
-                continue
+        for n, q in self.references(module):
             kind = q[len("apex.amp."):] if q.startswith("apex.amp.") else q
-            if kind == "_amp_state.loss_scalers" and self._initial_scale(n) is not None:
-                uses.setdefault("initial_scale", []).append(self._initial_scale(n))
-                continue
-            if not (isinstance(parent, cst.Call) and parent.func is n):
-                raise Refuse(f"`{q}` is used other than by calling it (line {line_of(self, n)})")
-            uses.setdefault(kind, []).append(parent)
+            scale = self._initial_scale(n) if kind == "_amp_state.loss_scalers" else None
+            if scale is not None:
+                uses.setdefault("initial_scale", []).append(scale)
+            else:
+                uses.setdefault(kind, []).append(self.called(n, q))
         return uses
 
     def _initial_scale(self, n) -> Optional[cst.Assign]:
@@ -421,8 +412,8 @@ class ApexAmp(ModuleMigration):
                 e = sole_expr(other)
                 return e is not None and method_call(e, "backward") and self.code_of(receiver(e)) == loss_code
 
+            self._scale_loss(with_node, item, loss.value, None if pure else scaler)
             site = self.collapse_guard(with_node, plain)
-            self._scale_loss(site, with_node, item, loss.value, None if pure else scaler)
             if not pure:
                 self.wrap(site, loss.value, autocast, stop)
 
@@ -530,23 +521,20 @@ class ApexAmp(ModuleMigration):
                 raise Refuse(f"amp.initialize argument {k!r} has no native mapping")
         return enabled, notes, scaler_args, pure
 
-    def _scale_loss(self, site, with_node, item, loss, scaler):
-        """The ``with amp.scale_loss(...)`` statement (or its guard) becomes its body, with the
-        scaled loss taken from the scaler (or the loss itself for O3)."""
+    def _scale_loss(self, with_node, item, loss, scaler):
+        """The ``with amp.scale_loss(...)`` statement becomes its body, with the scaled loss
+        taken from the scaler (or the loss itself for O3)."""
         alias = item.asname.name.value if item.asname is not None and isinstance(item.asname.name, cst.Name) else None
         body = list(with_node.body.body)
         loss_code = self.code_of(loss)
         scaled = f"{scaler}.scale({loss_code})" if scaler else loss_code
-        first = body[0] if body else None
         rest_uses = any(alias and alias in names_in(s) for s in body[1:])
-        e = sole_expr(first)
+        e = sole_expr(body[0])
         simple = (e is not None and method_call(e, "backward") and dotted(receiver(e)) == alias and not rest_uses)
-        count = sum(self.expand.get(id(s), 1) for s in body) + (0 if simple else 1)
-        leading = site.leading_lines
+        leading = with_node.leading_lines
         carry = self.carry
 
-        def rep(u):
-            w = u if isinstance(u, cst.With) else u.body.body[0]
+        def rep(w):
             stmts = list(w.body.body)
             if simple:
                 call = stmts[0].body[0].value
@@ -554,8 +542,9 @@ class ApexAmp(ModuleMigration):
                 stmts[0] = stmts[0].with_changes(body=[stmts[0].body[0].with_changes(value=new_call)])
             else:
                 stmts.insert(0, stmt(f"{alias or '_'} = {scaled}"))
-            stmts[0] = stmts[0].with_changes(leading_lines=[*carry.get(id(site), []), *leading])
+            stmts[0] = stmts[0].with_changes(leading_lines=[*carry.get(id(with_node), []), *leading,
+                                                             *stmts[0].leading_lines])
             return cst.FlattenSentinel(stmts)
 
-        self.expand[id(site)] = count
-        self.edits.append((site, rep))
+        self.expand[id(with_node)] = sum(self.expand.get(id(s), 1) for s in body) + (0 if simple else 1)
+        self.edits.append((with_node, rep))

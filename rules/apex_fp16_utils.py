@@ -173,21 +173,12 @@ class ApexFp16Utils(ModuleMigration):
     # ------------------------------------------------------------------ planning
     def _uses(self, module) -> Dict[str, List[cst.Call]]:
         uses: Dict[str, List[cst.Call]] = {}
-        for n in walk(module, into_functions=True):
-            if not isinstance(n, (cst.Name, cst.Attribute)):
-                continue
-            parent = self.parent(n)
-            if isinstance(parent, cst.Attribute) and parent.value is n:
-                continue
-            q = self.apex_name(n)
-            if q is None or any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(n)):
-                continue
-            if not (isinstance(parent, cst.Call) and parent.func is n):
-                raise Refuse(f"`{q}` is used other than by calling it (line {line_of(self, n)})")
+        for n, q in self.references(module):
+            call = self.called(n, q)
             kind = q.rsplit(".", 1)[-1]
             if kind not in ("FP16_Optimizer", *CONVERTERS):
                 raise Refuse(f"{q} has no automatic rewrite (line {line_of(self, n)})")
-            uses.setdefault(kind, []).append(parent)
+            uses.setdefault(kind, []).append(call)
         return uses
 
     def plan(self, module: cst.Module) -> Optional[Fix]:
@@ -277,8 +268,6 @@ class ApexFp16Utils(ModuleMigration):
                 return e is not None and method_call(e, "backward") and self.code_of(receiver(e)) == loss_code
 
             outer = self.collapse_guard(site, plain)
-            if outer is not site:
-                self.unwrap_guard(outer)
             region = self.wrap(outer, loss.value, autocast, stop)
             for s in region:
                 self._unhalf_inputs(s)
@@ -299,9 +288,7 @@ class ApexFp16Utils(ModuleMigration):
                 e = sole_expr(other)
                 return isinstance(e, cst.Call) and "clip_grad" in (dotted(e.func) or "")
 
-            outer = self.collapse_guard(site, clipping)
-            if outer is not site:
-                self.unwrap_guard(outer)
+            self.collapse_guard(site, clipping)
         for call in updates:
             site = statement_of(self, call)
             if site is None or sole_expr(site) is not call:
@@ -393,9 +380,7 @@ class ApexFp16Utils(ModuleMigration):
                 a = arg(call, None, 0)
                 if a is None or len(call.args) != 1:
                     raise Refuse(f"`{self.code_of(call)}` at line {line_of(self, call)} cannot be read")
-                m = a.value
-                while isinstance(m, cst.Call) and (self._is_half(m) or self.apex_name(m.func)):
-                    m = receiver(m) if self._is_half(m) else arg(m, None, 0).value
+                m = self._peel(a.value)
                 target = self._assign_target(call)
                 if target is not None:
                     models.add(target)
@@ -433,12 +418,17 @@ class ApexFp16Utils(ModuleMigration):
             return dotted(a.targets[0].target)
         return None
 
+    def _peel(self, expr):
+        """``network_to_half(m.half())`` -> ``m``: the converters and .half() calls around it."""
+        while isinstance(expr, cst.Call) and (self._is_half(expr) or self.apex_name(expr.func)):
+            expr = receiver(expr) if self._is_half(expr) else arg(expr, None, 0).value
+        return expr
+
     def _unwrap(self, call, inner) -> None:
         """Replace ``call`` by ``inner`` (a converter's argument, a receiver of .half()), with
         the apex converters and .half() calls inside it peeled too; a statement that becomes
         ``x = x`` or a bare ``x`` goes."""
-        while isinstance(inner, cst.Call) and (self._is_half(inner) or self.apex_name(inner.func)):
-            inner = receiver(inner) if self._is_half(inner) else arg(inner, None, 0).value
+        inner = self._peel(inner)
         line = statement_of(self, call)
         a = line.body[0] if line is not None and len(line.body) == 1 else None
         if isinstance(a, cst.Expr) and a.value is call and dotted(inner):
@@ -452,10 +442,8 @@ class ApexFp16Utils(ModuleMigration):
     def _unhalf_inputs(self, statement) -> None:
         """The forward pass runs under autocast: its explicit float16 casts go."""
         for n in [statement, *walk(statement)]:
-            if isinstance(n, cst.Call) and self._is_half(n):
-                if any(isinstance(e, cst.RemovalSentinel) for x, e in self.edits if x is statement_of(self, n)):
-                    continue
-                self._unwrap(n, receiver(n))
+            if isinstance(n, cst.Call) and self._is_half(n) and self.expand.get(id(statement_of(self, n))) != 0:
+                self._unwrap(n, receiver(n))  # (not in a statement already removed)
 
 
 def bound_apex_amp(rule) -> bool:
