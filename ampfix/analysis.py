@@ -1,16 +1,15 @@
 """Analysis helpers shared by rules: name tables, loops, autocast regions, tensor names.
 
-These know PyTorch's API, not any rule: rules combine them.
+These know PyTorch's API, not any rule: rules combine them.  Everything here works on Python's
+``ast`` with the semantic model of :mod:`ampfix.semantic`; what depends on a function's own
+names is computed per function (each function's locals are its own).
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Set
+import ast
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-import libcst as cst
-from libcst.helpers import get_full_name_for_node
-from libcst.metadata import ImportAssignment, ScopeProvider
-
-from ampfix.rule import ImportSpec, Rule
+from ampfix.semantic import DEFS, LOOPS, base_name, dotted, walk
 
 AUTOCAST = {
     "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
@@ -34,81 +33,88 @@ DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLo
 FLOAT16 = {"torch.float16", "torch.half"}
 BFLOAT16 = {"torch.bfloat16"}
 
-
-def kwarg(name: str, value: cst.BaseExpression) -> cst.Arg:
-    """``name=value`` (no spaces around '=', no trailing comma)."""
-    return cst.Arg(value, keyword=cst.Name(name),
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-
-
-def with_args(args, extra, first: bool = False) -> list:
-    """``args`` with ``extra`` appended (or put first), ', ' between them.  An original last
-    argument keeps its own trailing comma; an added last one gets none."""
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    seq = [*extra, *args] if first else [*args, *extra]
-    added = {id(a) for a in extra}
-    out = [a.with_changes(comma=comma) for a in seq[:-1]]
-    if seq:
-        last = seq[-1]
-        out.append(last.with_changes(comma=cst.MaybeSentinel.DEFAULT) if id(last) in added else last)
-    return out
+#: what ``from X import *`` binds, for modules whose names rules look for (a star import is
+#: otherwise opaque to a static analysis)
+STAR_EXPORTS: Dict[str, Tuple[str, ...]] = {
+    "apex.fp16_utils": ("FP16_Optimizer", "network_to_half", "BN_convert_float", "FP16Model", "tofp16",
+                        "prep_param_lists", "master_params_to_model_params", "model_grads_to_master_grads",
+                        "to_python_float", "clip_grad_norm", "convert_module", "convert_network", "LossScaler",
+                        "DynamicLossScaler"),
+    "apex.parallel": ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model", "Reducer"),
+    "apex.optimizers": ("FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad",
+                        "FusedMixedPrecisionLamb", "FP16_Optimizer"),
+    "apex.normalization": ("FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm"),
+    "torch.cuda.amp": ("autocast", "GradScaler", "custom_fwd", "custom_bwd"),
+}
 
 
-def dotted(node: cst.CSTNode) -> Optional[str]:
-    """``a.b.c`` for a Name/Attribute chain, else None."""
-    if isinstance(node, (cst.Name, cst.Attribute)):
-        return get_full_name_for_node(node)
-    return None
-
-
-def arg(call: cst.Call, keyword: Optional[str] = None, position: Optional[int] = None) -> Optional[cst.Arg]:
-    """The argument given by keyword, or at a position among the positional ones."""
+# --------------------------------------------------------------------------- calls
+def arg(call: ast.Call, keyword: Optional[str] = None, position: Optional[int] = None) -> Optional[ast.expr]:
+    """The value of the argument given by keyword, or at a position among the positional ones
+    (None after a ``*args``, whose positions are unknown)."""
     if keyword is not None:
-        for a in call.args:
-            if a.keyword is not None and a.keyword.value == keyword:
-                return a
+        for k in call.keywords:
+            if k.arg == keyword:
+                return k.value
     if position is not None:
-        pos = [a for a in call.args if a.keyword is None and not a.star]
-        if position < len(pos):
-            return pos[position]
+        for i, a in enumerate(call.args):
+            if isinstance(a, ast.Starred):
+                return None
+            if i == position:
+                return a
     return None
 
 
-def method_call(node: cst.CSTNode, *names: str) -> bool:
+def arg_node(call: ast.Call, keyword: Optional[str] = None, position: Optional[int] = None):
+    """The node (keyword or positional expression) that holds an argument: what to delete."""
+    if keyword is not None:
+        for k in call.keywords:
+            if k.arg == keyword:
+                return k
+    return arg(call, None, position)
+
+
+def kwargs(call: ast.Call) -> Dict[str, ast.expr]:
+    return {k.arg: k.value for k in call.keywords if k.arg is not None}
+
+
+def has_star(call: ast.Call) -> bool:
+    return any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+
+
+def all_args(call: ast.Call) -> List[ast.AST]:
+    """Positional and keyword argument nodes in source order."""
+    return sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
+
+
+def method_call(node, *names: str) -> bool:
     """``<anything>.name(...)`` for one of names."""
-    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value in names)
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
 
 
-def receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
-    return call.func.value if isinstance(call.func, cst.Attribute) else None
+def receiver(call) -> Optional[ast.expr]:
+    return call.func.value if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else None
 
 
-def walk(node: cst.CSTNode, into_functions: bool = False) -> Iterator[cst.CSTNode]:
-    """Every node below ``node`` (pre-order), not entering nested defs/classes/lambdas."""
-    stack = list(reversed(node.children))
-    while stack:
-        n = stack.pop()
-        yield n
-        if not into_functions and isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        stack.extend(reversed(n.children))
+def is_const(node, *values) -> bool:
+    return isinstance(node, ast.Constant) and any(node.value is v or (type(node.value) is type(v) and node.value == v)
+                                                  for v in values)
 
 
-def loop_body_nodes(loop: cst.CSTNode, nested_loops: bool = False) -> Iterator[cst.CSTNode]:
-    """Nodes in a loop's body (not its else), optionally skipping nested loops' bodies."""
-    stack = [loop.body]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        if not nested_loops and isinstance(n, (cst.For, cst.While)) and n is not loop:
-            continue
-        stack.extend(reversed(n.children))
+def string_value(node) -> Optional[str]:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-def is_optimizer_step(call: cst.CSTNode) -> bool:
+def number_value(node) -> Optional[float]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = number_value(node.operand)
+        return None if v is None else -v
+    return None
+
+
+def is_optimizer_step(call) -> bool:
     """``<opt>.step()`` on something named like an optimizer or a scaler."""
     if not method_call(call, "step"):
         return False
@@ -116,51 +122,108 @@ def is_optimizer_step(call: cst.CSTNode) -> bool:
     return any(k in name for k in ("optim", "opt", "scaler")) and "sched" not in name
 
 
-def is_training_loop(loop: cst.CSTNode) -> bool:
+# --------------------------------------------------------------------------- loops and units
+def loop_body_nodes(loop, nested_loops: bool = False) -> Iterator[ast.AST]:
+    """Nodes in a loop's body (not its else), optionally skipping nested loops' bodies."""
+    stack = list(reversed(loop.body))
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (*DEFS, ast.Lambda)):
+            continue
+        if not nested_loops and isinstance(n, LOOPS):
+            continue
+        stack.extend(reversed(list(ast.iter_child_nodes(n))))
+
+
+def is_training_loop(loop) -> bool:
     """A loop whose own body (not a nested loop) runs a backward pass or an optimizer step."""
     for n in loop_body_nodes(loop):
         if method_call(n, "backward") or is_optimizer_step(n):
             return True
-        if isinstance(n, cst.Call) and dotted(n.func) in ("torch.autograd.backward",):
+        if isinstance(n, ast.Call) and dotted(n.func) == "torch.autograd.backward":
             return True
     return False
 
 
-def enclosing_loop(rule: Rule, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+def enclosing_loop(node) -> Optional[ast.AST]:
     """The nearest For/While whose body holds ``node`` (stopping at function boundaries)."""
     child = node
-    for anc in rule.ancestors(node):
-        if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+    p = getattr(node, "_p", None)
+    while p is not None:
+        if isinstance(p, (*DEFS, ast.Lambda)):
             return None
-        if isinstance(anc, (cst.For, cst.While)) and child is anc.body:
-            return anc
-        child = anc
+        if isinstance(p, LOOPS) and any(child is s for s in p.body):
+            return p
+        child = p
+        p = getattr(p, "_p", None)
     return None
 
 
-def enclosing_function(rule: Rule, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
-    for anc in rule.ancestors(node):
-        if isinstance(anc, cst.FunctionDef):
-            return anc
+def in_loop_body(node, loop) -> bool:
+    """Whether node lies in ``loop``'s body (not its else or its header)."""
+    child = node
+    p = getattr(node, "_p", None)
+    while p is not None:
+        if p is loop:
+            return any(child is s for s in loop.body)
+        child = p
+        p = getattr(p, "_p", None)
+    return False
+
+
+def enclosing_function(node) -> Optional[ast.AST]:
+    p = getattr(node, "_p", None)
+    while p is not None:
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return p
+        p = getattr(p, "_p", None)
     return None
 
 
-def autocast_call(rule: Rule, item_or_call: cst.CSTNode) -> Optional[cst.Call]:
-    """The autocast call of a with-item / decorator, or None."""
-    node = item_or_call.item if isinstance(item_or_call, cst.WithItem) else item_or_call
-    if isinstance(node, cst.Decorator):
-        node = node.decorator
-    if isinstance(node, cst.Call) and rule.qnames(node) & AUTOCAST:
+def unit_of(node) -> ast.AST:
+    """The function (or the module) whose code ``node`` is part of."""
+    p = getattr(node, "_p", None)
+    last = node
+    while p is not None:
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return p
+        last = p
+        p = getattr(p, "_p", None)
+    return last
+
+
+def functions_and_module(module) -> List[ast.AST]:
+    """The module and every function in it: the units rules reason about, each on its own."""
+    return [module, *(n for n in walk(module, into_functions=True) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]
+
+
+def unit_nodes(unit) -> Iterator[ast.AST]:
+    """The nodes of a unit (a function's body, or a module) without nested functions."""
+    if isinstance(unit, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for s in unit.body:
+            yield s
+            yield from walk(s)
+    else:
+        yield from walk(unit)
+
+
+# --------------------------------------------------------------------------- autocast
+def autocast_call(sem, node) -> Optional[ast.Call]:
+    """The autocast call of a with-item / decorator expression, or None."""
+    if isinstance(node, ast.withitem):
+        node = node.context_expr
+    if isinstance(node, ast.Call) and sem.qnames(node) & AUTOCAST:
         return node
     return None
 
 
-def autocast_dtype(rule: Rule, call: cst.Call) -> Optional[str]:
+def autocast_dtype(sem, call: ast.Call) -> Optional[str]:
     """'float16', 'bfloat16', 'other' or None (not given: the device default)."""
     a = arg(call, "dtype")
     if a is None:
-        return "bfloat16" if rule.qnames(call) & {"torch.cpu.amp.autocast"} else None
-    names = rule.qnames(a.value)
+        return "bfloat16" if sem.qnames(call) & {"torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast"} else None
+    names = sem.qnames(a)
     if names & FLOAT16:
         return "float16"
     if names & BFLOAT16:
@@ -168,81 +231,55 @@ def autocast_dtype(rule: Rule, call: cst.Call) -> Optional[str]:
     return "other"
 
 
-def autocast_enabled_literal(call: cst.Call) -> Optional[bool]:
+def autocast_enabled_literal(call: ast.Call) -> Optional[bool]:
     a = arg(call, "enabled")
     if a is None:
         return True
-    if isinstance(a.value, cst.Name) and a.value.value in ("True", "False"):
-        return a.value.value == "True"
+    if isinstance(a, ast.Constant) and isinstance(a.value, bool):
+        return a.value
     return None  # a variable: unknown
 
 
-def enclosing_autocast(rule: Rule, node: cst.CSTNode) -> Optional[cst.Call]:
+def enclosing_autocast(sem, node) -> Optional[ast.Call]:
     """The autocast call of the innermost ``with`` (in this function) that holds node."""
-    for anc in rule.ancestors(node):
-        if isinstance(anc, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+    for anc in sem.ancestors(node):
+        if isinstance(anc, (*DEFS, ast.Lambda)):
             return None
-        if isinstance(anc, cst.With):
+        if isinstance(anc, (ast.With, ast.AsyncWith)):
             for item in anc.items:
-                c = autocast_call(rule, item)
+                c = autocast_call(sem, item)
                 if c is not None:
                     return c
     return None
 
 
-def is_modulo_guarded(rule: Rule, node: cst.CSTNode, stop: cst.CSTNode) -> bool:
-    """Inside an ``if`` (body, not else) whose test uses ``%`` or compares a step counter, below stop."""
+def is_modulo_guarded(node, stop) -> bool:
+    """Inside an ``if`` (body, not else) whose test uses ``%``, below stop."""
     child = node
-    for anc in rule.ancestors(node):
-        if anc is stop:
+    p = getattr(node, "_p", None)
+    while p is not None:
+        if p is stop:
             return False
-        if isinstance(anc, cst.If) and child is anc.body:
-            for n in [anc.test, *walk(anc.test)]:
-                if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo):
-                    return True
-        child = anc
+        if isinstance(p, ast.If) and any(child is s for s in p.body):
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in [p.test, *walk(p.test)]):
+                return True
+        child = p
+        p = getattr(p, "_p", None)
     return False
 
 
-def import_of(rule: Rule, name: cst.Name) -> Optional[ImportSpec]:
-    """The import statement that binds ``name`` where it is used, as an ImportSpec."""
-    scope = rule.get_metadata(ScopeProvider, name, None)
-    if scope is None:
-        return None
-    for a in scope[name.value]:
-        if not isinstance(a, ImportAssignment):
-            continue
-        imp = a.node
-        for alias in imp.names if not isinstance(imp.names, cst.ImportStar) else []:
-            bound = alias.evaluated_alias or alias.evaluated_name
-            if isinstance(imp, cst.Import):
-                if bound == name.value:
-                    return ImportSpec(alias.evaluated_name, None, alias.evaluated_alias)
-            elif bound == name.value and imp.module is not None and not imp.relative:
-                return ImportSpec(get_full_name_for_node(imp.module), alias.evaluated_name, alias.evaluated_alias)
-    return None
-
-
-def bound_by_imports(module: cst.Module, top: str) -> Set[str]:
+def bound_by_imports(tree, top: str) -> Set[str]:
     """Local names that imports of package ``top`` bind (``import torch.cuda.amp as amp`` -> amp)."""
     out: Set[str] = set()
-    for n in walk(module, into_functions=True):
-        if isinstance(n, cst.Import):
+    for n in walk(tree, into_functions=True):
+        if isinstance(n, ast.Import):
             for a in n.names:
-                full = a.evaluated_name
-                if full.split(".")[0] == top:
-                    out.add(a.evaluated_alias or full.split(".")[0])
-        elif isinstance(n, cst.ImportFrom) and not n.relative and n.module is not None:
-            mod = get_full_name_for_node(n.module) or ""
-            if mod.split(".")[0] == top and not isinstance(n.names, cst.ImportStar):
-                out.update(a.evaluated_alias or a.evaluated_name for a in n.names)
+                if a.name.split(".")[0] == top:
+                    out.add(a.asname or a.name.split(".")[0])
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module is not None:
+            if n.module.split(".")[0] == top:
+                out.update(a.asname or a.name for a in n.names if a.name != "*")
     return out
-
-
-def base_name(node: cst.CSTNode) -> Optional[cst.Name]:
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node if isinstance(node, cst.Name) else None
 
 
 # --------------------------------------------------------------------------- tensors
@@ -255,115 +292,214 @@ _TENSOR_METHODS = {"sum", "mean", "max", "min", "norm", "abs", "sqrt", "float", 
                    "any", "all", "exp", "log", "pow", "squeeze", "unsqueeze", "softmax", "std", "var"}
 
 
-def tensor_names(rule: Rule, scope_node: cst.CSTNode) -> Set[str]:
-    """Names (dotted) that hold tensors in a function or loop, by a light forward inference.
-
-    A name is a tensor if it is backward()'s receiver, or it is assigned from a torch function,
-    from a call of a model or loss (something with .parameters()/.train()/.eval(), or built from
-    torch.nn), from a tensor method of a tensor, or from arithmetic on tensors.
-    """
-    modules: Set[str] = set()
-    tensors: Set[str] = set()
-    assigns = []
-    for n in walk(scope_node):
-        if method_call(n, "parameters", "train", "eval", "named_parameters", "zero_grad") and receiver(n) is not None:
-            d = dotted(receiver(n))
-            if d and not any(k in d.lower() for k in ("optim", "opt", "scaler")):
-                modules.add(d)
-        if method_call(n, "backward") and dotted(receiver(n)):
-            tensors.add(dotted(receiver(n)))
-        if isinstance(n, cst.Assign):
-            assigns.append((n.targets[0].target, n.value))
-            if isinstance(n.value, cst.Call) and any(q.startswith("torch.nn.") for q in rule.qnames(n.value)):
-                d = dotted(n.targets[0].target)
-                if d:
-                    modules.add(d)
-        elif isinstance(n, (cst.AnnAssign, cst.AugAssign)) and n.value is not None:
-            assigns.append((n.target, n.value))
-    for _ in range(3):  # a few rounds reach fixed point for straight-line code
-        for target, value in assigns:
-            if is_tensor_expr(rule, value, tensors, modules):
-                targets = target.elements if isinstance(target, (cst.Tuple, cst.List)) else [target]
-                for t in targets:
-                    el = t.value if isinstance(t, cst.Element) else t
-                    d = dotted(el)
-                    if d:
-                        tensors.add(d)
-    return tensors
-
-
 def _model_like(name: str) -> bool:
     last = name.split(".")[-1].lower()
     return last in ("net", "network", "encoder", "decoder", "criterion", "loss_fn", "model") or last.endswith("model")
 
 
-def is_tensor_expr(rule: Rule, expr: cst.CSTNode, tensors: Set[str], modules: Set[str] = frozenset()) -> bool:
-    if dotted(expr) in tensors:
-        return True
-    if isinstance(expr, cst.Subscript):
-        return is_tensor_expr(rule, expr.value, tensors, modules)
-    if isinstance(expr, cst.BinaryOperation):
-        return is_tensor_expr(rule, expr.left, tensors, modules) or is_tensor_expr(rule, expr.right, tensors, modules)
-    if isinstance(expr, cst.UnaryOperation):
-        return is_tensor_expr(rule, expr.expression, tensors, modules)
-    if isinstance(expr, cst.Comparison):
-        if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in expr.comparisons):
+class Tensors:
+    """Names (dotted) that hold tensors in one unit (a function or the module), by a light
+    forward inference: backward()'s receiver, results of torch functions, of a model or loss
+    call (something with .parameters()/.train()/.eval(), or built from torch.nn), of a tensor
+    method of a tensor, of arithmetic on tensors."""
+
+    def __init__(self, sem, unit) -> None:
+        self.sem = sem
+        self.modules: Set[str] = set()
+        self.names: Set[str] = set()
+        assigns = []
+        for n in unit_nodes(unit):
+            if method_call(n, "parameters", "train", "eval", "named_parameters", "zero_grad") and receiver(n) is not None:
+                d = dotted(receiver(n))
+                if d and not any(k in d.lower() for k in ("optim", "opt", "scaler")):
+                    self.modules.add(d)
+            if method_call(n, "backward") and dotted(receiver(n)):
+                self.names.add(dotted(receiver(n)))
+            if isinstance(n, ast.Assign):
+                assigns.append((n.targets[0], n.value))
+                if isinstance(n.value, ast.Call) and any(q.startswith("torch.nn.") for q in sem.qnames(n.value)):
+                    d = dotted(n.targets[0])
+                    if d:
+                        self.modules.add(d)
+            elif isinstance(n, (ast.AnnAssign, ast.AugAssign)) and n.value is not None:
+                assigns.append((n.target, n.value))
+        for _ in range(3):  # a few rounds reach a fixed point for straight-line code
+            for target, value in assigns:
+                if self.is_tensor(value):
+                    for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]):
+                        d = dotted(t)
+                        if d:
+                            self.names.add(d)
+
+    def is_tensor(self, expr) -> bool:
+        sem = self.sem
+        depth = 0
+        while True:  # walk down subscripts, unary ops and tensor-method chains iteratively
+            depth += 1
+            if depth > 10_000:
+                return False
+            if dotted(expr) in self.names:
+                return True
+            if isinstance(expr, ast.Subscript):
+                expr = expr.value
+                continue
+            if isinstance(expr, ast.UnaryOp):
+                expr = expr.operand
+                continue
+            if isinstance(expr, ast.Call) and method_call(expr, *_TENSOR_METHODS):
+                expr = receiver(expr)
+                continue
+            break
+        if isinstance(expr, ast.BinOp):
+            stack = [expr]
+            while stack:
+                e = stack.pop()
+                if isinstance(e, ast.BinOp):
+                    stack.extend((e.left, e.right))
+                elif self.is_tensor(e):
+                    return True
             return False
-        return any(is_tensor_expr(rule, e, tensors, modules)
-                   for e in [expr.left, *(c.comparator for c in expr.comparisons)])
-    if isinstance(expr, cst.Call):
-        if method_call(expr, *_TENSOR_METHODS):
-            return is_tensor_expr(rule, receiver(expr), tensors, modules)
-        if method_call(expr, "item", "tolist", "numpy", "cpu", "size", "dim", "numel"):
-            return False
-        names = rule.qnames(expr)
-        if any(q.startswith(("torch.nn.functional.", "torch.special.", "torch.linalg.", "torch.fft."))
-               or (q.startswith("torch.") and not q.startswith(_NOT_TENSOR_TORCH)) for q in names):
-            return True
-        d = dotted(expr.func)
-        if d and (d in modules or _model_like(d)):
-            return True
-    return False
+        if isinstance(expr, ast.Compare):
+            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in expr.ops):
+                return False
+            return any(self.is_tensor(e) for e in [expr.left, *expr.comparators])
+        if isinstance(expr, ast.Call):
+            if method_call(expr, "item", "tolist", "numpy", "cpu", "size", "dim", "numel"):
+                return False
+            names = sem.qnames(expr)
+            if any(q.startswith(("torch.nn.functional.", "torch.special.", "torch.linalg.", "torch.fft."))
+                   or (q.startswith("torch.") and not q.startswith(_NOT_TENSOR_TORCH)) for q in names):
+                return True
+            d = dotted(expr.func)
+            if d and (d in self.modules or _model_like(d)):
+                return True
+        return False
+
+
+def tensors(ctx, unit) -> Tensors:
+    """The tensor names of a unit, computed once per file for all rules."""
+    return ctx.cached(("tensors", id(unit)), lambda: Tensors(ctx.sem, unit))
 
 
 # --------------------------------------------------------------------------- GradScaler objects
-def scaler_names(rule: Rule, module: cst.Module) -> Set[str]:
-    """Dotted names that hold a GradScaler: assigned from its constructor, or the receiver of
-    ``.scale(x)`` / ``.unscale_(opt)`` whose name says scaler."""
+def scaler_names(sem, unit) -> Set[str]:
+    """Dotted names that hold a GradScaler in a unit (a function: also the module's own and
+    ``self.x`` of its class): assigned from the constructor, or the receiver of ``.scale(x)`` /
+    ``.unscale_(opt)`` / ``.step(opt)`` on a name that says scaler, or a parameter so named."""
     names: Set[str] = set()
-    for n in walk(module, into_functions=True):
-        if isinstance(n, (cst.Assign, cst.AnnAssign)) and isinstance(n.value, cst.Call):
-            if rule.qnames(n.value) & GRADSCALER:
-                targets = [t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]
+    nodes = list(unit_nodes(unit))
+    for n in nodes:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Call):
+            if sem.qnames(n.value) & GRADSCALER:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                 names.update(d for d in map(dotted, targets) if d)
         if method_call(n, "scale", "unscale_") and "scaler" in (dotted(receiver(n)) or "").lower():
             names.add(dotted(receiver(n)))
+    if isinstance(unit, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for a in [*unit.args.args, *unit.args.kwonlyargs]:
+            if "scaler" in a.arg.lower():
+                names.add(a.arg)
     return names
 
 
-def is_scaler_call(node: cst.CSTNode, scalers: Set[str], *methods: str) -> bool:
+def module_scalers(ctx) -> Set[str]:
+    """GradScaler names anywhere in the module (module level and ``self.x`` in methods)."""
+    def compute():
+        out: Set[str] = set()
+        for unit in functions_and_module(ctx.tree):
+            out |= scaler_names(ctx.sem, unit)
+        return out
+    return ctx.cached("module_scalers", compute)
+
+
+def is_scaler_call(node, scalers: Set[str], *methods: str) -> bool:
     return method_call(node, *methods) and dotted(receiver(node)) in scalers
 
 
-def scaled_backward(node: cst.CSTNode, scalers: Set[str]) -> bool:
+def scaled_backward(node, scalers: Set[str]) -> bool:
     """``scaler.scale(loss).backward()``."""
     return method_call(node, "backward") and is_scaler_call(receiver(node), scalers, "scale")
 
 
-def statement_of(rule: Rule, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-    """The simple statement line that holds node."""
-    for anc in [node, *rule.ancestors(node)]:
-        if isinstance(anc, cst.SimpleStatementLine):
-            return anc
+def names_in(node) -> Set[str]:
+    """Every dotted name read or written in ``node`` (nested functions included)."""
+    out = set()
+    for n in [node, *walk(node, into_functions=True)]:
+        if isinstance(n, (ast.Name, ast.Attribute)):
+            d = dotted(n)
+            if d:
+                out.add(d)
+    return out
+
+
+def first_name(node) -> Optional[str]:
+    b = base_name(node)
+    return b.id if b is not None else None
+
+
+def scalers_for(ctx, unit) -> Set[str]:
+    """GradScaler names a unit can see: its own, the module's, and ``self.x`` scalers of its class."""
+    def compute():
+        sem = ctx.sem
+        names = set(scaler_names(sem, unit))
+        if unit is not ctx.tree:
+            names |= scaler_names(sem, ctx.tree)
+            cls = getattr(unit, "_p", None)
+            if isinstance(cls, ast.ClassDef):
+                for m in cls.body:
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m is not unit:
+                        names |= {n for n in scaler_names(sem, m) if n.startswith("self.")}
+        return names
+    return ctx.cached(("scalers", id(unit)), compute)
+
+
+def import_spec(sem, name_node):
+    """The ImportSpec of the import that binds ``name_node`` where it is read (None if none)."""
+    from ampfix.rule import ImportSpec
+
+    for b in sem.bindings_of(name_node):
+        if b.kind != "import":
+            continue
+        imp = b.node
+        for a in imp.names:
+            if isinstance(imp, ast.Import):
+                if (a.asname or a.name.split(".")[0]) == name_node.id:
+                    return ImportSpec(a.name if a.asname else a.name.split(".")[0], None, a.asname)
+            elif (a.asname or a.name) == name_node.id and not imp.level and imp.module:
+                return ImportSpec(imp.module, a.name, a.asname)
     return None
 
 
-def line_of(rule: Rule, node: cst.CSTNode) -> int:
-    from libcst.metadata import PositionProvider
+def exclusive(a, b, unit) -> bool:
+    """Whether ``a`` and ``b`` (nodes of one unit) never run in the same call: they sit in
+    different branches of one ``if``, or ``a``'s branch ends in return/raise before ``b``."""
+    chain_a = [a, *_ancestors_until(a, unit)]
+    ids_b = {id(x): x for x in [b, *_ancestors_until(b, unit)]}
+    common = next((x for x in chain_a if id(x) in ids_b), None)
+    if common is None:
+        return False
+    child_a = chain_a[chain_a.index(common) - 1] if chain_a.index(common) else None
+    chain_b = [b, *_ancestors_until(b, unit)]
+    idx_b = next(i for i, x in enumerate(chain_b) if x is common)
+    child_b = chain_b[idx_b - 1] if idx_b else None
+    if isinstance(common, ast.If) and child_a is not None and child_b is not None:
+        in_body = lambda c: any(c is s for s in common.body)
+        if in_body(child_a) != in_body(child_b) and child_a is not common.test and child_b is not common.test:
+            return True
+    # a's enclosing branch below `common` ends in return/raise, and b comes after it
+    for x in chain_a[: chain_a.index(common)]:
+        p = getattr(x, "_p", None)
+        if isinstance(p, ast.If) and isinstance(x, ast.stmt):
+            block = p.body if any(x is s for s in p.body) else p.orelse
+            if block and isinstance(block[-1], (ast.Return, ast.Raise)) and b.lineno > block[-1].end_lineno:
+                return True
+    return False
 
-    return rule.get_metadata(PositionProvider, node).start.line
 
-
-def functions_and_module(module: cst.Module) -> List[cst.CSTNode]:
-    """The module and every function in it: the units rules reason about, each on its own."""
-    return [module, *(n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef))]
+def _ancestors_until(node, stop):
+    p = getattr(node, "_p", None)
+    while p is not None:
+        yield p
+        if p is stop:
+            return
+        p = getattr(p, "_p", None)

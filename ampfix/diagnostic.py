@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Set
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,10 @@ class FileResult:
     fixed: Optional[str] = None
     fixed_bytes: Optional[bytes] = None
     applied: List[str] = field(default_factory=list)
+    #: fixes left out because their result did not parse or their edits conflicted (why)
+    failed_fixes: List[str] = field(default_factory=list)
+    #: migration groups a fix of which failed here (taken back in every file)
+    failed_groups: Set[str] = field(default_factory=set)
 
     @property
     def changed(self) -> bool:

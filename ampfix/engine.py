@@ -1,291 +1,393 @@
-"""The engine: bytes -> parse -> rules -> diagnostics and fixes.  It knows no rule by name."""
+"""The engine: bytes -> parse -> semantic model -> rules -> diagnostics and fixes.
+
+It knows no rule by name.  For each file it reads the text as Python does, parses it with
+Python's own ``ast`` (every file, so every syntax error is reported), builds one semantic model
+that every rule shares, walks the tree once and calls each active rule's ``visit_*`` methods.
+
+Fixing: the fixes that do not overlap are applied as text edits, then the imports they need
+are added and the ones they left unused removed; the result must parse, or the fix that broke
+it is left out (and reported) while the others stay.  Then the file is checked again, until no
+fix applies.  Fixes of one migration group (planned across modules) are all or none: a group
+that fails in one file is taken back everywhere (:mod:`ampfix.project`).
+"""
 from __future__ import annotations
 
-import io
-import os
-import tokenize
-from concurrent.futures import ProcessPoolExecutor
+import ast
+import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-from libcst.metadata import MetadataWrapper, PositionProvider
-
 from ampfix.diagnostic import Diagnostic, FileResult
-from ampfix.registry import rules_by_code
-from ampfix.rule import Fix, Report
+from ampfix.edits import Conflict, Edit, apply_edits
+from ampfix.rule import Context, Fix, Report
+from ampfix.semantic import Model
 from ampfix.settings import Settings
+from ampfix.source import MAX_FILE_SIZE, Source, SourceError, run_deep
+from ampfix.tidy import tidy
 
 SYNTAX_ERROR = ("AMP000", "syntax-error")
 IO_ERROR = ("AMP001", "io-error")
+FIX_ERROR = ("AMP002", "fix-failed")
 MAX_PASSES = 10
-#: Above this many files, work is spread over a process pool.
-PARALLEL_THRESHOLD = 16
 
 
 class FixError(Exception):
     """A fix produced text that does not parse: a bug in a rule; the file is left alone."""
 
 
-# --------------------------------------------------------------------------- decoding
-def decode(data: bytes) -> str:
-    """Decode source bytes the way Python does (PEP 263 declaration, BOM); ValueError if not text."""
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding)
-    except (SyntaxError, LookupError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot decode: {exc}") from None
+# --------------------------------------------------------------------------- triggers
+_TRIGGER_CACHE: Dict[Tuple[str, ...], "re.Pattern"] = {}
+
+
+def trigger_pattern(triggers: Sequence[str]) -> "re.Pattern":
+    """One regex for a rule's triggers; a trigger that begins with a letter must begin a word
+    ("amp" is found in "torch.cuda.amp" and "use_amp", not in "example" or "clamp")."""
+    key = tuple(triggers)
+    pat = _TRIGGER_CACHE.get(key)
+    if pat is None:
+        parts = []
+        for t in triggers:
+            p = re.escape(t)
+            if t[:1].isalnum():
+                p = r"(?<![A-Za-z0-9])" + p
+            parts.append(p)
+        pat = _TRIGGER_CACHE[key] = re.compile("|".join(parts))
+    return pat
+
+
+def active_rules(text: str, rules: Sequence[type]) -> List[type]:
+    return [r for r in rules if not r.triggers or trigger_pattern(r.triggers).search(text)]
 
 
 # --------------------------------------------------------------------------- suppression
-class _Comments(cst.CSTVisitor):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self) -> None:
-        self.noqa: Dict[int, Optional[frozenset]] = {}  # line -> codes (None: all)
-        self.skip_file = False
-
-    def visit_Comment(self, node: cst.Comment) -> None:
-        text = node.value.lstrip("#").strip()
-        if text.lower().replace(" ", "") == "ampfix:skip-file":
-            self.skip_file = True
-        codes = parse_noqa(node.value)
-        if codes is not False:
-            line = self.get_metadata(PositionProvider, node).start.line
-            prev = self.noqa.get(line, frozenset())
-            self.noqa[line] = None if codes is None or prev is None else prev | codes
+_NOQA = re.compile(r"#\s*noqa(?::[\s]*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+_SKIP = re.compile(r"#\s*ampfix:\s*skip-file\b", re.IGNORECASE)
 
 
 def parse_noqa(comment: str):
     """``# noqa`` -> None (all codes); ``# noqa: A, B`` -> {A, B}; no noqa -> False."""
-    for part in comment.split("#")[1:]:
-        part = part.strip()
-        if part[:4].lower() != "noqa":
+    m = _NOQA.search(comment)
+    if not m:
+        return False
+    codes = m.group("codes")
+    if not codes:
+        return None
+    return frozenset(c.upper() for c in re.split(r"[\s,]+", codes) if c)
+
+
+class Suppressions:
+    """``# noqa`` comments by line and ``# ampfix: skip-file``, found in comments only."""
+
+    def __init__(self, src: Source) -> None:
+        self.noqa: Dict[int, Optional[frozenset]] = {}
+        self.skip_file = False
+        text = src.text
+        low = text.lower()
+        if "noqa" not in low and "ampfix" not in low:
+            return
+        strings = None
+        for no in range(1, src.line_count + 1):
+            line = src.line_text(no)
+            if "#" not in line:
+                continue
+            ll = line.lower()
+            if "noqa" not in ll and "ampfix" not in ll:
+                continue
+            if strings is None:
+                strings = _string_line_ranges(src)
+            comment = _comment_of(line, no in strings)
+            if comment is None:
+                continue
+            if _SKIP.search(comment):
+                self.skip_file = True
+            codes = parse_noqa(comment)
+            if codes is not False:
+                prev = self.noqa.get(no, frozenset())
+                self.noqa[no] = None if codes is None or prev is None else prev | codes
+
+    def suppressed(self, line: int, code: str) -> bool:
+        if line not in self.noqa:
+            return False
+        codes = self.noqa[line]
+        return codes is None or code in codes
+
+
+def _string_line_ranges(src: Source) -> set:
+    """Lines that a multi-line string covers after its first line (a '#' there is text)."""
+    out = set()
+    for n in ast.walk(src.tree):
+        if isinstance(n, (ast.Constant, ast.JoinedStr)) and n.end_lineno > n.lineno and (
+                isinstance(n, ast.JoinedStr) or isinstance(n.value, (str, bytes))):
+            out.update(range(n.lineno + 1, n.end_lineno + 1))
+    return out
+
+
+def _comment_of(line: str, starts_in_string: bool) -> Optional[str]:
+    """The comment of a line (a '#' outside quotes), or None; a line that starts inside a
+    multi-line string has a comment only after that string closes (approximated as none)."""
+    if starts_in_string:
+        return None
+    quote = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if line.startswith(quote, i):
+                i += len(quote)
+                quote = None
+                continue
+        elif c == "#":
+            return line[i:]
+        elif c in "'\"":
+            quote = line[i:i + 3] if line[i:i + 3] in ("'''", '"""') else c
+            i += len(quote)
             continue
-        rest = part[4:]
-        if not rest.startswith(":"):
-            return None if not rest.strip() or rest[0] in " \t" else False
-        codes = frozenset(c for c in rest[1:].replace(",", " ").split() if c)
-        return codes or None
-    return False
-
-
-# --------------------------------------------------------------------------- applying fixes
-class _Apply(cst.CSTTransformer):
-    def __init__(self, edits: Dict[int, object]) -> None:
-        super().__init__()
-        self.edits = edits
-
-    def on_leave(self, original_node, updated_node):
-        rep = self.edits.get(id(original_node))
-        if rep is None:
-            return updated_node
-        return rep(updated_node) if callable(rep) else rep
-
-
-def _overlaps(a, b) -> bool:
-    return not (a[1] <= b[0] or b[1] <= a[0])
-
-
-def _apply_fixes(wrapper: MetadataWrapper, fixes: Sequence[Fix]) -> Tuple[cst.Module, List[Fix]]:
-    positions = wrapper.resolve(PositionProvider)
-    chosen: List[Fix] = []
-    taken: List[Tuple[tuple, tuple]] = []
-
-    def span(node):
-        r = positions[node]
-        return ((r.start.line, r.start.column), (r.end.line, r.end.column))
-
-    ordered = sorted(fixes, key=lambda f: min(span(n) for n, _ in f.edits) if f.edits else ((0, 0), (0, 0)))
-    for fix in ordered:
-        spans = [span(n) for n, _ in fix.edits]
-        if any(_overlaps(s, t) for s in spans for t in taken):
-            continue  # applied in a later pass, after the tree is re-checked
-        chosen.append(fix)
-        taken.extend(spans)
-    edits = {id(n): rep for fix in chosen for n, rep in fix.edits}
-    module = wrapper.module.visit(_Apply(edits))
-    adds = [i for f in chosen for i in f.add_imports]
-    removes = [i for f in chosen for i in f.remove_imports]
-    if adds or removes:
-        context = CodemodContext()
-        for spec in adds:
-            AddImportsVisitor.add_needed_import(context, spec.module, spec.obj, spec.asname)
-        for spec in removes:
-            RemoveImportsVisitor.remove_unused_import(context, spec.module, spec.obj, spec.asname)
-        if adds:
-            module = AddImportsVisitor(context).transform_module(module)
-        if removes:
-            module = RemoveImportsVisitor(context).transform_module(module)
-    return module, chosen
+        i += 1
+    return None
 
 
 # --------------------------------------------------------------------------- one file
-class _Dispatch(cst.CSTVisitor):
-    """One traversal for every rule: calls each rule's own visit_*/leave_* methods."""
-
-    def __init__(self, rules: Sequence[cst.CSTVisitor]) -> None:
-        super().__init__()
-        self.visits: Dict[str, list] = {}
-        self.leaves: Dict[str, list] = {}
-        for rule in rules:
-            for name in dir(type(rule)):
-                if not name.startswith(("visit_", "leave_")):
-                    continue
-                impl = getattr(type(rule), name)
-                if impl is getattr(cst.CSTVisitor, name, None) or not callable(impl):
-                    continue
-                table = self.visits if name.startswith("visit_") else self.leaves
-                table.setdefault(name.split("_", 1)[1], []).append(getattr(rule, name))
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        for f in self.visits.get(type(node).__name__, ()):
+def _dispatch(ctx: Context, rules: Sequence[type]) -> List[Report]:
+    instances = [r(ctx) for r in rules]
+    handlers: Dict[str, list] = {}
+    for rule in instances:
+        for t in type(rule).visited_types():
+            handlers.setdefault(t, []).append(getattr(rule, "visit_" + t))
+    for rule in instances:
+        begin = getattr(rule, "visit_Module", None)
+        if begin is not None:
+            begin(ctx.tree)
+    nodes = ctx.sem.nodes
+    order: List[ast.AST] = []
+    for t in handlers:
+        order.extend(nodes.get(t, ()))
+    if len(handlers) > 1:
+        order.sort(key=lambda n: (n.lineno, n.col_offset))
+    for node in order:
+        for f in handlers[type(node).__name__]:
             f(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        for f in self.leaves.get(type(original_node).__name__, ()):
-            f(original_node)
-
-
-def _run_rules(wrapper: MetadataWrapper, rules: Sequence[type], settings: Settings,
-               comments: "_Comments") -> List[Report]:
-    """Every rule, and the comment scan for suppressions, in one traversal."""
-    deps = set(_Comments.METADATA_DEPENDENCIES)
-    for rule_cls in rules:
-        deps |= set(rule_cls.METADATA_DEPENDENCIES)
-    metadata = wrapper.resolve_many(deps)
-    instances = []
-    for rule_cls in rules:
-        rule = rule_cls(wrapper.module, settings)
-        rule.metadata = metadata
-        instances.append(rule)
-    comments.metadata = metadata
-    wrapper.module.visit(_Dispatch([comments, *instances]))
     return [rep for rule in instances for rep in rule.reports]
 
 
-def _to_diagnostic(path: str, wrapper: MetadataWrapper, rep: Report) -> Diagnostic:
-    r = wrapper.resolve(PositionProvider)[rep.node]
+def analyse(src: Source, rules: Sequence[type], settings: Settings, project=None) -> Tuple[Context, List[Report]]:
+    """Run the rules over a parsed source."""
+    from ampfix.analysis import STAR_EXPORTS
+
+    collect = {t for r in rules for t in r.visited_types()}
+    model = Model(src.tree, STAR_EXPORTS, collect)
+    ctx = Context(src, model, settings, project)
+    return ctx, _dispatch(ctx, rules)
+
+
+def _diagnostic(path: str, rep: Report) -> Diagnostic:
     fix = rep.fix
     return Diagnostic(
-        path=path,
-        line=r.start.line,
-        col=r.start.column + 1,
-        end_line=r.end.line,
-        end_col=r.end.column + 1,
-        code=rep.rule.code,
-        name=rep.rule.name,
-        message=rep.message,
+        path=path, line=rep.line, col=rep.col + 1, end_line=rep.end_line, end_col=rep.end_col + 1,
+        code=rep.rule.code, name=rep.rule.name, message=rep.message,
         fix=None if fix is None else ("safe" if fix.safe else "unsafe"),
         fix_description=None if fix is None else fix.description,
     )
 
 
-def check_source(
-    data: bytes,
-    path: str,
-    rules: Sequence[type],
-    settings: Settings,
-    fix: Optional[str] = None,
-) -> FileResult:
-    """Lint (and with ``fix`` = "safe" or "unsafe", fix) one file's bytes."""
+def error_result(path: str, message: str, line: int = 1, col: int = 1, kind=IO_ERROR) -> FileResult:
+    """A file that could not be read, decoded or parsed: one diagnostic, nothing written."""
+    return FileResult(path=path, error=message if kind is IO_ERROR else None,
+                      diagnostics=[Diagnostic(path, line, col, line, col, *kind, message)])
+
+
+def _source_error(path: str, exc: SourceError) -> FileResult:
+    if exc.code == "AMP000":
+        return error_result(path, f"cannot parse: {exc.message}", exc.line, exc.col, SYNTAX_ERROR)
+    return error_result(path, exc.message, exc.line, exc.col, IO_ERROR)
+
+
+def _overlap(a: Edit, b: Edit) -> bool:
+    if a == b:
+        return False
+    if a.start == a.end and b.start == b.end:
+        return a.start == b.start
+    if a.start == a.end:
+        return b.start < a.start < b.end
+    if b.start == b.end:
+        return a.start < b.start < a.end
+    return a.start < b.end and b.start < a.end
+
+
+def choose(fixes: Sequence[Fix]) -> List[Fix]:
+    """Fixes whose edits do not overlap, by position (the rest wait for the next pass)."""
+    ordered = sorted(fixes, key=lambda f: min((e.start for e in f.edits), default=0))
+    chosen: List[Fix] = []
+    taken: List[Edit] = []
+    for fix in ordered:
+        if any(_overlap(e, t) for e in fix.edits for t in taken):
+            continue
+        chosen.append(fix)
+        taken.extend(fix.edits)
+    return chosen
+
+
+def _apply(text: str, path: str, fixes: Sequence[Fix]) -> str:
+    out = apply_edits(text, [e for f in fixes for e in f.edits])
+    from ampfix.analysis import STAR_EXPORTS
+
+    adds = [i for f in fixes for i in f.add_imports]
+    removes = [i for f in fixes for i in f.remove_imports]
+    return tidy(out, path, adds, removes, STAR_EXPORTS)
+
+
+def _parses(text: str) -> bool:
+    try:
+        compile(text, "<ampfix>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        return True
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+
+
+def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Optional[str] = None,
+               project=None, allowed_groups=None) -> FileResult:
+    """Lint (and with ``fix`` = "safe" or "unsafe", fix) one decoded source."""
+    path = src.path
     result = FileResult(path=path)
     try:
-        text = decode(data)
-    except ValueError as exc:
-        return error_result(path, str(exc))
-    active = [r for r in rules if not r.triggers or any(t in text for t in r.triggers)]
+        src.parse()
+    except SourceError as exc:
+        return _source_error(path, exc)
+    active = active_rules(src.text, rules)
     if not active:
+        if fix:
+            result.original = result.fixed = src.text
+            result.fixed_bytes = src.data
         return result
-    try:
-        module = cst.parse_module(data)
-    except cst.ParserSyntaxError as exc:
-        line, col, msg = _syntax_error(text, exc)
-        result.diagnostics.append(Diagnostic(path, line, col, line, col, *SYNTAX_ERROR, f"cannot parse: {msg}"))
+    sup = Suppressions(src)
+    if sup.skip_file:
         return result
-    original_module = module
+    original = src.text
+    failed: List[Tuple[Fix, str]] = []
+    seen_failed = set()
     for _ in range(MAX_PASSES):
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        comments = _Comments()
-        reports = _run_rules(wrapper, active, settings, comments)
-        if comments.skip_file:
-            return result
-        reports = [r for r in reports if not _suppressed(r, wrapper, comments)]
-        fixes = [r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")]
-        if not fix or not fixes:
+        ctx, reports = analyse(src, active, settings, project)
+        reports = [r for r in reports if not sup.suppressed(r.line, r.rule.code)]
+        if not fix:
             break
-        new_module, chosen = _apply_fixes(wrapper, fixes)
-        new_code = new_module.code
-        if new_code == module.code:
+        fixes = [r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")
+                 and (r.fix.group is None or allowed_groups is None or r.fix.group in allowed_groups)
+                 and (r.fix.description, r.line) not in seen_failed]
+        if not fixes:
             break
-        try:
-            module = cst.parse_module(new_module.bytes)
-        except cst.ParserSyntaxError as exc:  # pragma: no cover - a rule bug; never write it
-            raise FixError(f"{path}: a fix produced code that does not parse: {exc}") from None
-        result.applied.extend(f.description for f in chosen)
-    result.diagnostics = sorted((_to_diagnostic(path, wrapper, r) for r in reports), key=Diagnostic.sort_key)
+        chosen = choose(fixes)
+        new_text = _try_apply(src.text, path, chosen, failed, seen_failed, reports)
+        if new_text is None or new_text == src.text:
+            break
+        result.applied.extend(f.description for f in chosen if all(f is not g for g, _ in failed))
+        src = Source(src.encode(new_text), path, text=new_text, encoding=src.encoding)
+        src.parse()
+        sup = Suppressions(src)
+    result.diagnostics = sorted((_diagnostic(path, r) for r in reports), key=Diagnostic.sort_key)
+    for f, why in failed:
+        result.failed_fixes.append(f"{f.description}: {why}")
+        if f.group is not None:
+            result.failed_groups.add(f.group)
     if fix:
-        result.original = original_module.code
-        result.fixed = module.code
-        result.fixed_bytes = module.bytes
+        result.original = original
+        result.fixed = src.text
+        result.fixed_bytes = src.encode(src.text) if src.text != original else src.data
     return result
 
 
-def _syntax_error(text: str, exc: cst.ParserSyntaxError):
-    """Where and why: Python's own compiler says it best; libcst's message otherwise."""
+def _try_apply(text: str, path: str, chosen: List[Fix], failed, seen_failed, reports) -> Optional[str]:
+    """Apply the chosen fixes together; when the result does not parse (or edits conflict),
+    try each alone, leave out (and record) each that fails, and apply the others."""
     try:
-        compile(text, "<ampfix>", "exec", dont_inherit=True)
-    except SyntaxError as err:
-        if err.lineno:
-            return err.lineno, max(1, err.offset or 1), err.msg
-    except (ValueError, RecursionError, MemoryError):
+        new = _apply(text, path, chosen)
+        if _parses(new):
+            return new
+    except Conflict:
         pass
-    return exc.raw_line, exc.raw_column + 1, str(exc).strip().splitlines()[0]
+    good = []
+    for f in chosen:
+        try:
+            ok, why = _parses(_apply(text, path, [f])), "the result does not parse"
+        except Conflict as exc:
+            ok, why = False, str(exc)
+        if ok:
+            good.append(f)
+            continue
+        failed.append((f, why))
+        line = next((r.line for r in reports if r.fix is f), 0)
+        seen_failed.add((f.description, line))
+    if not good:
+        return None
+    try:
+        new = _apply(text, path, good)
+        if _parses(new):
+            return new
+    except Conflict:
+        pass
+    return _apply(text, path, good[:1])
 
 
-def _suppressed(rep: Report, wrapper: MetadataWrapper, comments: _Comments) -> bool:
-    line = wrapper.resolve(PositionProvider)[rep.node].start.line
-    if line not in comments.noqa:
-        return False
-    codes = comments.noqa[line]
-    return codes is None or rep.rule.code in codes
+def check_source(data: bytes, path: str, rules: Sequence[type], settings: Settings, fix: Optional[str] = None,
+                 project=None) -> FileResult:
+    """Lint (and maybe fix) one file's bytes; the file is a project of its own unless one is given."""
+    if len(data) > settings.max_file_size:
+        return error_result(path, f"skipped: {len(data) // 1024} KiB is more than max-file-size "
+                                  f"({settings.max_file_size // 1024} KiB)")
+    try:
+        src = Source(data, path)
+    except SourceError as exc:
+        return _source_error(path, exc)
+    if project is None:
+        from ampfix.project import Project
+
+        project = Project.single(src, rules, settings)
+    return run_deep(check_text, src, rules, settings, fix, project, project.allowed_groups)
 
 
 # --------------------------------------------------------------------------- many files
-def error_result(path: str, message: str) -> FileResult:
-    """A file that could not be read, decoded or fixed: one diagnostic, nothing written."""
-    return FileResult(path=path, error=message,
-                      diagnostics=[Diagnostic(path, 1, 1, 1, 1, *IO_ERROR, message)])
+#: Above this many files, work is spread over a process pool.
+PARALLEL_THRESHOLD = 16
+
+
+def _read(path: str):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(), None
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror or exc}"
 
 
 def _work(args) -> FileResult:
-    path, codes, settings, fix = args
+    path, codes, settings, fix, plan = args
+    from ampfix.registry import rules_by_code
+
     rules = [rules_by_code()[c] for c in codes]
+    data, err = _read(path)
+    if data is None:
+        return error_result(path, err)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        return error_result(path, f"cannot read: {exc.strerror or exc}")
-    try:
-        return check_source(data, path, rules, settings, fix)
-    except RecursionError:
-        return error_result(path, "too deeply nested to analyse")
+        return check_source(data, path, rules, settings, fix, project=plan)
     except FixError as exc:
         return error_result(path, str(exc))
 
 
-def check_paths(
-    jobs: Iterable[Tuple[str, Sequence[str]]],
-    settings: Settings,
-    fix: Optional[str] = None,
-    workers: Optional[int] = None,
-) -> List[FileResult]:
-    """Check each ``(path, rule codes)``; results come back in the order given."""
-    tasks = [(p, tuple(codes), settings, fix) for p, codes in jobs]
+def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, fix: Optional[str] = None,
+                workers: Optional[int] = None) -> List[FileResult]:
+    """Check each ``(path, rule codes)``; results come back in the order given.  Files that
+    take part in a migration planned across modules are checked with that plan."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ampfix.project import plan_projects
+
+    jobs = [(p, tuple(codes)) for p, codes in jobs]
+    plans = plan_projects(jobs, settings, fix)
+    tasks = [(p, codes, settings, fix, plans.get(p)) for p, codes in jobs]
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(tasks) < PARALLEL_THRESHOLD:
-        return [_work(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(_work, tasks, chunksize=max(1, len(tasks) // (n * 8))))
+        results = [_work(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            results = list(pool.map(_work, tasks, chunksize=max(1, len(tasks) // (n * 8))))
+    return results

@@ -149,7 +149,7 @@ def write_diagnostics(results, diags, fmt: str, out: TextIO) -> None:
 
 
 def _read_lines(path: str) -> List[str]:
-    from ampfix.engine import decode
+    from ampfix.source import decode_text as decode
 
     try:
         with open(path, "rb") as fh:

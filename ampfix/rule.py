@@ -1,30 +1,23 @@
 """The rule API: what a rule is, what it reports, and the examples that test it.
 
-A rule is a libcst visitor over one parsed module (wrapped with metadata).  It reports
+A rule sees one parsed module (Python's ``ast``) with its semantic model and reports
 diagnostics through :meth:`Rule.report`, each with an optional :class:`Fix`.  A rule never
-edits the tree and never writes a file: the engine decides which fixes to apply.
+edits text and never writes a file: the engine decides which fixes to apply.
+
+The engine walks the module once for all rules and calls each rule's ``visit_<NodeType>``
+methods (``visit_Call``, ``visit_For``, ...); ``visit_Module`` is called first.
 """
 from __future__ import annotations
 
+import ast
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import (
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedNameProvider,
-    QualifiedNameSource,
-    ScopeProvider,
-)
-
+from ampfix.edits import Builder, Edit
+from ampfix.semantic import Model, dotted
 from ampfix.settings import Settings
-
-# A replacement is a node, a FlattenSentinel / RemovalSentinel (for statements), or a
-# callable that receives the updated node (children already transformed) and returns one.
-Replacement = Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel, Callable[[Any], Any]]
+from ampfix.source import Source
 
 
 @dataclass(frozen=True)
@@ -38,26 +31,31 @@ class ImportSpec:
 
 @dataclass
 class Fix:
-    """A change to the tree that resolves one diagnostic.
+    """Text edits that resolve one diagnostic, applied together or not at all.
 
-    ``edits`` replace original nodes (identity of the nodes the rule saw).  All edits of a fix
-    are applied together or not at all.  ``safe`` fixes keep behaviour; unsafe ones change it
-    (the description says how) and are applied only with ``--unsafe-fixes``.
+    ``safe`` fixes keep behaviour; unsafe ones change it (the description says how) and are
+    applied only with ``--unsafe-fixes``.  ``add_imports`` are added when the result lacks them;
+    ``remove_imports`` are removed when the result no longer uses them.  Fixes that share a
+    ``group`` (a migration planned across modules) are applied all or none.
     """
 
     description: str
-    edits: Sequence[Tuple[cst.CSTNode, Replacement]]
+    edits: Sequence[Edit]
     safe: bool = True
     add_imports: Sequence[ImportSpec] = ()
     remove_imports: Sequence[ImportSpec] = ()
+    group: Optional[str] = None
 
 
 @dataclass
 class Report:
-    """What a rule reported: the node, the message and an optional fix (engine-internal)."""
+    """What a rule reported (engine-internal): position, message, optional fix."""
 
     rule: "type[Rule]"
-    node: cst.CSTNode
+    line: int
+    col: int  # 0-based, characters
+    end_line: int
+    end_col: int
     message: str
     fix: Optional[Fix]
 
@@ -89,7 +87,29 @@ Valid = Example
 Invalid = Example
 
 
-class Rule(m.MatcherDecoratableVisitor):
+class Context:
+    """What every rule of one file shares: source, tree, semantic model, settings, the
+    project (for migrations that span modules), and a cache for analyses rules share."""
+
+    def __init__(self, src: Source, model: Model, settings: Settings, project=None) -> None:
+        self.src = src
+        self.tree = src.tree
+        self.sem = model
+        self.settings = settings
+        self.project = project
+        self.edits = Builder(src)
+        self._cache: Dict[Any, Any] = {}
+
+    def cached(self, key, compute):
+        """``compute()`` once per file for ``key`` (analyses several rules need)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = compute()
+            return value
+
+
+class Rule:
     """Base class of every rule.  Subclasses set the class attributes and visit methods.
 
     The class docstring is the rule's documentation, in four sections: ``What it does``,
@@ -104,55 +124,63 @@ class Rule(m.MatcherDecoratableVisitor):
     default: ClassVar[bool] = True
     #: The advice holds from this torch release on (documentation).
     since: ClassVar[str] = "1.6"
-    #: Cheap pre-filter: the rule runs only on files whose text contains one of these.
+    #: Cheap pre-filter: the rule runs only on files whose text contains one of these (as a
+    #: word where the trigger begins or ends with a letter).
     triggers: ClassVar[Tuple[str, ...]] = ()
     VALID: ClassVar[List[Example]] = []
     INVALID: ClassVar[List[Example]] = []
 
-    METADATA_DEPENDENCIES = (
-        PositionProvider,
-        QualifiedNameProvider,
-        ParentNodeProvider,
-        ScopeProvider,
-    )
-
-    def __init__(self, module: cst.Module, settings: Settings) -> None:
-        super().__init__()
-        self.module = module
-        self.settings = settings
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.src = ctx.src
+        self.sem = ctx.sem
+        self.settings = ctx.settings
+        self.edits = ctx.edits
+        self.module = ctx.tree
         self.reports: List[Report] = []
 
     # -- reporting -------------------------------------------------------------------------
-    def report(self, node: cst.CSTNode, message: str, fix: Optional[Fix] = None) -> None:
-        self.reports.append(Report(type(self), node, message, fix))
+    def report(self, node, message: str, fix: Optional[Fix] = None) -> None:
+        src = self.src
+        line, end_line = node.lineno, getattr(node, "end_lineno", None) or node.lineno
+        col = src.char_col(line, node.col_offset)
+        end_col = src.char_col(end_line, getattr(node, "end_col_offset", node.col_offset))
+        self.reports.append(Report(type(self), line, col, end_line, end_col, message, fix))
 
     # -- helpers shared by rules --------------------------------------------------------------
-    def qnames(self, node: cst.CSTNode) -> set:
+    def qnames(self, node) -> set:
         """Fully qualified names of what ``node`` (a Name, Attribute or Call) may refer to,
         through imports and builtins (a local binding such as ``apex = 1`` is not a name)."""
-        if isinstance(node, cst.Call):
-            node = node.func
-        try:
-            return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())
-                    if q.source is not QualifiedNameSource.LOCAL}
-        except KeyError:
-            return set()
+        return self.sem.qnames(node)
 
-    def is_call_to(self, node: cst.CSTNode, names: Iterable[str]) -> bool:
-        return isinstance(node, cst.Call) and bool(self.qnames(node) & set(names))
+    def is_call_to(self, node, names: Iterable[str]) -> bool:
+        return isinstance(node, ast.Call) and bool(self.qnames(node) & set(names))
 
-    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.get_metadata(ParentNodeProvider, node, None)
+    def parent(self, node):
+        return getattr(node, "_p", None)
 
-    def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-        p = self.parent(node)
-        while p is not None:
-            yield p
-            p = self.parent(p)
+    def ancestors(self, node) -> Iterator[ast.AST]:
+        return self.sem.ancestors(node)
 
-    def code_of(self, node: cst.CSTNode) -> str:
-        return self.module.code_for_node(node)
+    def code_of(self, node) -> str:
+        return self.src.code(node)
+
+    def line_of(self, node) -> int:
+        return node.lineno
 
     @classmethod
     def documentation(cls) -> str:
         return textwrap.dedent(cls.__doc__ or "").strip()
+
+    @classmethod
+    def visited_types(cls) -> List[str]:
+        return [n[len("visit_"):] for n in dir(cls) if n.startswith("visit_") and n != "visit_Module"
+                and callable(getattr(cls, n))]
+
+
+def dotted_name(node) -> Optional[str]:
+    return dotted(node)
+
+
+def edits_of(fixes: Sequence[Fix]) -> List[Edit]:
+    return [e for f in fixes for e in f.edits]

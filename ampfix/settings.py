@@ -22,6 +22,8 @@ class Settings:
     target: str = "torch.amp"
     #: The torch release the code runs on; rules whose advice depends on it read it.
     torch_version: Tuple[int, int] = (2, 4)
+    #: Files larger than this (bytes) are skipped with a message.
+    max_file_size: int = 10 * 1024 * 1024
 
     def with_overrides(self, **kw) -> "Settings":
         if "torch_version" in kw and isinstance(kw["torch_version"], str):

@@ -1,15 +1,14 @@
 """Writing a file atomically, only if the new bytes parse, keeping its mode."""
 from __future__ import annotations
 
+import ast
 import os
 import stat
 import tempfile
 
-import libcst as cst
-
 
 def write_atomic(path: str, data: bytes) -> None:
-    cst.parse_module(data)  # never write text that does not parse
+    compile(data, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)  # never write what does not parse
     folder = os.path.dirname(os.path.abspath(path))
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)

@@ -4,13 +4,13 @@ Not a rule itself (no registry line): each apex area is its own rule, built on A
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import ast
+from typing import Dict, List, Optional, Tuple
 
-import libcst as cst
-from libcst.metadata import ScopeProvider
-
-from ampfix.analysis import base_name, bound_by_imports, dotted, import_of, walk, with_args
+from ampfix.analysis import STAR_EXPORTS, import_spec
 from ampfix.rule import Fix, ImportSpec, Rule
+from ampfix.semantic import base_name, walk
+from ampfix.tidy import Remover
 
 REPLACEMENTS: Dict[str, str] = {
     "apex.amp.initialize": "torch.amp.GradScaler('cuda') plus a torch.autocast('cuda') region around the forward pass",
@@ -18,6 +18,14 @@ REPLACEMENTS: Dict[str, str] = {
     "apex.amp.master_params": "scaler.unscale_(optimizer), then clip the optimizer's own parameters",
     "apex.amp.state_dict": "scaler.state_dict()",
     "apex.amp.load_state_dict": "scaler.load_state_dict(...)",
+    "apex.amp.float_function": "running the function with autocast off, on float32 inputs",
+    "apex.amp.half_function": "running the function under float16 autocast",
+    "apex.amp.promote_function": "autocast (it promotes mixed inputs itself)",
+    "apex.amp.register_float_function": "autocast's own float32 op list (or the function run with autocast off)",
+    "apex.amp.register_half_function": "autocast's own float16 op list",
+    "apex.amp.register_promote_function": "autocast (it promotes mixed inputs itself)",
+    "apex.amp.disable_casts": "torch.autocast('cuda', enabled=False)",
+    "apex.amp.init": "torch.amp.GradScaler('cuda') plus torch.autocast('cuda') regions",
     "apex.amp": "native torch.amp (torch.autocast + torch.amp.GradScaler)",
     "apex.fp16_utils.FP16_Optimizer": "the plain optimizer with torch.amp.GradScaler (scaler.scale(loss).backward())",
     "apex.fp16_utils.network_to_half": "torch.autocast (keep the weights in float32)",
@@ -27,6 +35,7 @@ REPLACEMENTS: Dict[str, str] = {
     "apex.parallel.convert_syncbn_model": "torch.nn.SyncBatchNorm.convert_sync_batchnorm",
     "apex.parallel.SyncBatchNorm": "torch.nn.SyncBatchNorm",
     "apex.parallel": "torch.nn.parallel / torch.distributed",
+    "apex.optimizers.FP16_Optimizer": "the plain optimizer with torch.amp.GradScaler (scaler.scale(loss).backward())",
     "apex.optimizers.FusedAdam": "torch.optim.AdamW/Adam(..., fused=True)",
     "apex.optimizers.FusedSGD": "torch.optim.SGD(..., fused=True)",
     "apex.optimizers.FusedLAMB": "no torch equivalent: keep apex for it or choose another optimizer",
@@ -41,36 +50,39 @@ REPLACEMENTS: Dict[str, str] = {
 }
 
 
-#: what ``from apex.X import *`` binds, for the areas with a rewrite (libcst cannot see through a star)
-STAR_EXPORTS: Dict[str, Tuple[str, ...]] = {
-    "apex.fp16_utils": ("FP16_Optimizer", "network_to_half", "BN_convert_float", "FP16Model", "tofp16",
-                        "prep_param_lists", "master_params_to_model_params", "model_grads_to_master_grads",
-                        "to_python_float", "clip_grad_norm", "convert_module", "convert_network", "LossScaler",
-                        "DynamicLossScaler"),
-    "apex.parallel": ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model", "Reducer"),
-    "apex.optimizers": ("FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad", "FusedMixedPrecisionLamb"),
-    "apex.normalization": ("FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm"),
-}
-
-
-def star_imports(module: cst.Module) -> Dict[str, str]:
-    """Names bound by ``from apex.X import *`` (X an area above): name -> apex.X."""
-    out: Dict[str, str] = {}
-    for imp in walk(module):  # module level, guarded imports (try/if) included
-        if isinstance(imp, cst.ImportFrom) and isinstance(imp.names, cst.ImportStar) and imp.module is not None:
-            mod = dotted(imp.module) or ""
-            out.update({n: mod for n in STAR_EXPORTS.get(mod, ())})
-    return out
-
-
 def replacement_for(qname: str) -> str:
     best = max((k for k in REPLACEMENTS if qname == k or qname.startswith(k + ".")), key=len, default="apex")
     return REPLACEMENTS[best]
 
 
-def join_args(args):
-    """Arguments with ', ' between them and no trailing comma."""
-    return with_args(list(args)[:-1], list(args)[-1:]) if args else []
+def canonical(qname: str) -> str:
+    """apex's submodule spellings as one name (``apex.normalization.fused_layer_norm.FusedLayerNorm``
+    is ``apex.normalization.FusedLayerNorm``; ``apex.parallel.distributed.X`` is ``apex.parallel.X``)."""
+    parts = qname.split(".")
+    if len(parts) >= 4 and parts[0] == "apex" and parts[1] in ("normalization", "parallel", "optimizers",
+                                                                 "fp16_utils"):
+        return ".".join(parts[:2] + parts[-1:])
+    return qname
+
+
+def apex_uses(sem, tree) -> List[Tuple[ast.AST, str]]:
+    """Each apex reference outside imports: (outermost Name/Attribute, canonical qualified name)."""
+    out = []
+    for n in walk(tree, into_functions=True):
+        if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(n.ctx, ast.Load):
+            continue
+        p = getattr(n, "_p", None)
+        if isinstance(p, ast.Attribute) and p.value is n:
+            continue
+        q = apex_qname(sem, n)
+        if q is not None:
+            out.append((n, q))
+    return out
+
+
+def apex_qname(sem, node) -> Optional[str]:
+    names = sorted(q for q in sem.qnames(node) if q == "apex" or q.startswith("apex."))
+    return canonical(names[0]) if names else None
 
 
 class ApexRule(Rule):
@@ -82,80 +94,58 @@ class ApexRule(Rule):
     others: Tuple[str, ...] = ()
     triggers = ("apex",)
 
-    def visit_Module(self, node: cst.Module) -> None:
-        # names bound by apex imports: only chains starting with one need a qualified-name lookup
-        self.apex_bound = bound_by_imports(node, "apex")
-        self.apex_star = star_imports(node)
-
     def apex_name(self, node) -> Optional[str]:
-        base = base_name(node.func if isinstance(node, cst.Call) else node)
-        if base is None:
-            return None
-        if base.value in getattr(self, "apex_star", {}) and base.value not in self.apex_bound and self._unbound(base):
-            names = [f"{self.apex_star[base.value]}.{dotted(node.func if isinstance(node, cst.Call) else node)}"]
-        elif base.value not in getattr(self, "apex_bound", ()):
-            return None
-        else:
-            names = sorted(q for q in self.qnames(node) if q == "apex" or q.startswith("apex."))
-        if not names:
-            return None
-        q = names[0]
-        if not (q == self.prefix or q.startswith(self.prefix + ".")):
+        q = apex_qname(self.sem, node)
+        if q is None or not (q == self.prefix or q.startswith(self.prefix + ".")):
             return None
         if any(q == o or q.startswith(o + ".") for o in self.others):
             return None
         return q
 
-    def _unbound(self, name: cst.Name) -> bool:
-        """No assignment of ``name`` is visible where it is used (so a star import binds it)."""
-        scope = self.get_metadata(ScopeProvider, name, None)
-        return scope is not None and not scope[name.value]
-
     def _check(self, node) -> None:
+        if not isinstance(node.ctx, ast.Load):
+            return
         parent = self.parent(node)
-        if isinstance(parent, cst.Attribute) and parent.value is node:
+        if isinstance(parent, ast.Attribute) and parent.value is node:
             return  # the outer attribute reports
         q = self.apex_name(node)
         if q is None:
             return
-        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(node)):
-            return
-        call = parent if isinstance(parent, cst.Call) and parent.func is node else None
+        call = parent if isinstance(parent, ast.Call) and parent.func is node else None
         fix = self.fix_for(node, call, q)
         self.report(node, self.message(q, fix, call), fix)
 
-    def message(self, qname: str, fix: Optional[Fix], call: Optional[cst.Call] = None) -> str:
+    def message(self, qname: str, fix: Optional[Fix], call=None) -> str:
         return f"`{qname}` is NVIDIA apex; use {replacement_for(qname)}"
 
-    def fix_for(self, node, call: Optional[cst.Call], qname: str) -> Optional[Fix]:
+    def fix_for(self, node, call, qname: str) -> Optional[Fix]:
         return None
 
     def import_edits(self, node):
         """(add, remove) ImportSpecs: add ``import torch``, drop the apex import if it ends unused."""
         base = base_name(node)
-        spec = import_of(self, base) if base is not None else None
+        spec = import_spec(self.sem, base) if base is not None else None
         removes = [spec] if spec is not None and spec.module.split(".")[0] == "apex" else []
         return [ImportSpec("torch")], removes
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         """``from apex.X import *`` that nothing uses any more (its uses were rewritten) goes:
         left behind it would fail where apex is not installed."""
-        if not isinstance(node.names, cst.ImportStar) or node.module is None or dotted(node.module) != self.prefix:
+        if not any(a.name == "*" for a in node.names) or node.level or node.module != self.prefix:
             return
         exports = STAR_EXPORTS.get(self.prefix, ())
-        line = self.parent(node)
-        if not exports or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        if not exports:
             return
         for n in walk(self.module, into_functions=True):
-            if isinstance(n, cst.Name) and n.value in exports and self._unbound(n):
-                parent = self.parent(n)
-                if not (isinstance(parent, cst.Attribute) and parent.attr is n):
+            if isinstance(n, ast.Name) and n.id in exports and isinstance(n.ctx, ast.Load):
+                if any(b.node is node for b in self.sem.bindings_of(n)):
                     return
         self.report(node, f"`from {self.prefix} import *` is NVIDIA apex, and nothing in this module uses it",
-                    Fix(f"remove the unused `from {self.prefix} import *`", [(line, cst.RemovalSentinel.REMOVE)]))
+                    Fix(f"remove the unused `from {self.prefix} import *`",
+                        Remover(self.src, self.sem, self.edits).remove([node])))
 
-    def visit_Name(self, node: cst.Name) -> None:
+    def visit_Name(self, node: ast.Name) -> None:
         self._check(node)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    def visit_Attribute(self, node: ast.Attribute) -> None:
         self._check(node)

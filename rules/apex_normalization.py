@@ -1,8 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import arg, kwarg
+from ampfix.analysis import arg, has_star, kwargs
 from ampfix.rule import Fix, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args
+from ampfix.rules._apex import ApexRule
 
 
 class ApexNormalization(ApexRule):
@@ -57,22 +57,21 @@ class ApexNormalization(ApexRule):
     ]
 
     def fix_for(self, node, call, qname):
-        if call is None or any(a.star for a in call.args):
+        if call is None or has_star(call):
             return None
         kind = qname.split(".")[-1]
-        kws = {a.keyword.value for a in call.args if a.keyword is not None}
-        if kws - {"normalized_shape", "eps", "elementwise_affine"} or len(call.args) - len(kws) > 3:
+        kws = set(kwargs(call))
+        if kws - {"normalized_shape", "eps", "elementwise_affine"} or len(call.args) > 3:
             return None
-        args = list(call.args)
+        edits = []
         if kind in ("FusedLayerNorm", "MixedFusedLayerNorm"):
             func = "torch.nn.LayerNorm"
         elif kind == "FusedRMSNorm" and self.settings.torch_version >= (2, 4):
             func = "torch.nn.RMSNorm"
             if arg(call, "eps", 1) is None:
-                args.append(kwarg("eps", cst.Float("1e-5")))
+                edits.append(self.edits.insert_arg(call, "eps=1e-5"))
         else:
             return None
         add, remove = self.import_edits(node)
-        return Fix(f"apex.normalization.{kind} -> {func}",
-                   [(call, cst.Call(func=cst.parse_expression(func), args=join_args(args)))],
+        return Fix(f"apex.normalization.{kind} -> {func}", [self.edits.replace(call.func, func), *edits],
                    add_imports=add, remove_imports=remove)

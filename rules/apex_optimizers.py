@@ -1,17 +1,13 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import kwarg
+from ampfix.analysis import has_star, is_const, kwargs
 from ampfix.rule import Fix, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args
+from ampfix.rules._apex import ApexRule
 
 ADAM_KW = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "adam_w_mode", "set_grad_none",
            "bias_correction", "capturable"}
 SGD_KW = {"params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "wd_after_momentum",
           "materialize_master_grads", "set_grad_none"}
-
-
-def _lit(a):
-    return a.value.value if a is not None and isinstance(a.value, cst.Name) else None
 
 
 class ApexOptimizers(ApexRule):
@@ -79,32 +75,32 @@ class ApexOptimizers(ApexRule):
     ]
 
     def fix_for(self, node, call, qname):
-        if call is None or any(a.star for a in call.args):
+        if call is None or has_star(call):
             return None
         kind = qname.split(".")[-1]
-        kws = {a.keyword.value: a for a in call.args if a.keyword is not None}
-        pos = [a for a in call.args if a.keyword is None]
+        kws = kwargs(call)
+        pos = call.args
         if kind == "FusedAdam":
-            if len(pos) > 2 or set(kws) - ADAM_KW or _lit(kws.get("bias_correction")) == "False":
+            if len(pos) > 2 or set(kws) - ADAM_KW or is_const(kws.get("bias_correction"), False):
                 return None
-            if "adam_w_mode" in kws and _lit(kws["adam_w_mode"]) not in ("True", "False"):
+            if "adam_w_mode" in kws and not is_const(kws["adam_w_mode"], True, False):
                 return None
-            adamw = _lit(kws.get("adam_w_mode")) != "False"
+            adamw = not is_const(kws.get("adam_w_mode"), False)
             func = "torch.optim.AdamW" if adamw else "torch.optim.Adam"
             drop = {"adam_w_mode", "set_grad_none", "bias_correction"}
-            args = [a for a in call.args if a.keyword is None or a.keyword.value not in drop]
-            if adamw and "weight_decay" not in kws:
-                args.append(kwarg("weight_decay", cst.Float("0.0")))
+            extra = ["weight_decay=0.0"] if adamw and "weight_decay" not in kws else []
         elif kind == "FusedSGD":
-            if len(pos) > 2 or set(kws) - SGD_KW or _lit(kws.get("wd_after_momentum")) == "True":
+            if len(pos) > 2 or set(kws) - SGD_KW or is_const(kws.get("wd_after_momentum"), True):
                 return None
             func = "torch.optim.SGD"
             drop = {"wd_after_momentum", "materialize_master_grads", "set_grad_none"}
-            args = [a for a in call.args if a.keyword is None or a.keyword.value not in drop]
+            extra = []
         else:
             return None
-        args.append(kwarg("fused", cst.Name("True")))
+        args = [self.code_of(a) for a in pos] + [f"{k.arg}={self.code_of(k.value)}" for k in call.keywords
+                                                   if k.arg not in drop]
+        args += [*extra, "fused=True"]
         add, remove = self.import_edits(node)
-        new = cst.Call(func=cst.parse_expression(func), args=join_args(args))
-        return Fix(f"apex.optimizers.{kind} -> {func}(..., fused=True)", [(call, new)],
+        return Fix(f"apex.optimizers.{kind} -> {func}(..., fused=True)",
+                   [self.edits.replace(call, f"{func}({', '.join(args)})")],
                    add_imports=add, remove_imports=remove)

@@ -36,3 +36,5 @@ class ApexOther(ApexRule):
         Invalid("from apex.contrib.clip_grad import clip_grad_norm_\nclip_grad_norm_(p, 1.0)\n"),
         Invalid("import apex.mlp\nm = apex.mlp.MLP([4, 4])\n"),
     ]
+
+

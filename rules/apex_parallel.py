@@ -1,8 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import kwarg
+from ampfix.analysis import has_star, is_const, kwargs, number_value
 from ampfix.rule import Fix, Invalid, Valid
-from ampfix.rules._apex import ApexRule, join_args
+from ampfix.rules._apex import ApexRule
 
 #: apex DDP keyword -> what happens to it
 DDP_KEEP = {"delay_allreduce": "dropped: torch DDP overlaps all-reduce in buckets and gives the same gradients",
@@ -120,46 +120,48 @@ class ApexParallel(ApexRule):
             text += " (a reference, not a call: rename it by hand)"
         elif fix is None and qname.split(".")[-1] in ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"):
             known = {*DDP_KEEP, "message_size", "module", "process_group", "gradient_average"}
-            odd = [a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value not in known]
+            odd = [k.arg for k in call.keywords if k.arg is not None and k.arg not in known]
             what = f"`{odd[0]}` has" if odd else "an argument has"
             text += f" ({what} no torch equivalent: left for a person)"
         return text
 
     def fix_for(self, node, call, qname):
-        if call is None or any(a.star for a in call.args):
+        if call is None or has_star(call):
             return None
         kind = qname.split(".")[-1]
         add, remove = self.import_edits(node)
-        kws = {a.keyword.value: a for a in call.args if a.keyword is not None}
-        pos = [a for a in call.args if a.keyword is None]
+        kws = kwargs(call)
+        pos = call.args
         notes = []
         if kind == "DistributedDataParallel":
-            if len(pos) != 1 or set(kws) - set(DDP_KEEP) - {"message_size", "module"}:
+            if len(pos) + ("module" in kws) != 1 or set(kws) - set(DDP_KEEP) - {"message_size", "module"}:
                 return None
             ga = kws.get("gradient_average")
-            if ga is not None and not (isinstance(ga.value, cst.Name) and ga.value.value == "True"):
+            if ga is not None and not is_const(ga, True):
                 return None
-            args = [pos[0] if pos else kws["module"].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)]
+            args = [self.code_of(pos[0] if pos else kws["module"])]
             if "message_size" in kws:
-                ms = kws["message_size"].value
-                if not isinstance(ms, (cst.Integer, cst.Float)):
+                ms = number_value(kws["message_size"])
+                if ms is None:
                     return None
-                args.append(kwarg("bucket_cap_mb", cst.Float(repr(float(ms.evaluated_value) * 4 / 2 ** 20))))
+                args.append(f"bucket_cap_mb={float(ms) * 4 / 2 ** 20!r}")
             notes = [f"{k} {v}" for k, v in DDP_KEEP.items() if k in kws]
             func = "torch.nn.parallel.DistributedDataParallel"
         elif kind == "convert_syncbn_model":
             if len(pos) != 1 or set(kws) - {"process_group"}:
                 return None
-            args = list(call.args)
+            args = None
             func = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
         elif kind == "SyncBatchNorm":
             if set(kws) & {"channel_last", "fuse_relu"} or len(pos) > 6:
                 return None
-            args = list(call.args)
+            args = None
             func = "torch.nn.SyncBatchNorm"
         else:
             return None
-        new = cst.Call(func=cst.parse_expression(func), args=join_args(args))
+        if args is None:
+            edits = [self.edits.replace(call.func, func)]
+        else:
+            edits = [self.edits.replace(call, f"{func}({', '.join(args)})")]
         desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
-        return Fix(desc, [(call, new)], add_imports=add, remove_imports=remove)
-
+        return Fix(desc, edits, add_imports=add, remove_imports=remove)

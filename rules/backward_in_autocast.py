@@ -1,4 +1,4 @@
-import libcst as cst
+import ast
 
 from ampfix.analysis import autocast_enabled_literal, enclosing_autocast, method_call
 from ampfix.rule import Invalid, Rule, Valid
@@ -53,10 +53,10 @@ class BackwardInAutocast(Rule):
         ),
     ]
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if not method_call(node, "backward"):
             return
-        region = enclosing_autocast(self, node)
+        region = enclosing_autocast(self.sem, node)
         if region is not None and autocast_enabled_literal(region) is not False:
             self.report(node, "`backward()` inside an autocast region: autocast is for the forward pass; "
                               "dedent backward out of the `with` block")

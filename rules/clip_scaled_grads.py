@@ -1,10 +1,11 @@
-import libcst as cst
+import ast
 
 from ampfix.analysis import (
-    CLIP, enclosing_loop, functions_and_module, is_scaler_call, line_of, method_call, scaled_backward,
-    scaler_names, statement_of, walk, dotted, receiver,
+    CLIP, enclosing_loop, functions_and_module, is_scaler_call, method_call, receiver, scaled_backward, scalers_for,
+    unit_nodes,
 )
 from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.semantic import dotted
 
 
 class ClipScaledGrads(Rule):
@@ -103,42 +104,39 @@ class ClipScaledGrads(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        scalers = scaler_names(self, node)
+    def visit_Module(self, node: ast.Module) -> None:
         for unit in functions_and_module(node):
-            nodes = list(walk(unit))
-            clips = [n for n in nodes if isinstance(n, cst.Call) and self.qnames(n) & CLIP]
+            nodes = list(unit_nodes(unit))
+            clips = [n for n in nodes if isinstance(n, ast.Call) and self.qnames(n) & CLIP]
             if not clips:
                 continue
+            scalers = scalers_for(self.ctx, unit)
             backs = [n for n in nodes if scaled_backward(n, scalers)]
             plain_backs = [n for n in nodes if method_call(n, "backward")]
             unscales = [n for n in nodes if is_scaler_call(n, scalers, "unscale_")]
             steps = [n for n in nodes if is_scaler_call(n, scalers, "step")]
             for clip in clips:
-                line = line_of(self, clip)
-                before = [b for b in backs if line_of(self, b) < line]
+                line = clip.lineno
+                before = [b for b in backs if b.lineno < line]
                 if before:
-                    last = max(line_of(self, b) for b in before)
-                    if not any(last < line_of(self, u) < line for u in unscales):
+                    last = max(b.lineno for b in before)
+                    if not any(last < u.lineno < line for u in unscales):
                         self.report(clip, "clipping scaled gradients: the threshold applies to gradients times the "
                                           "loss scale; call `scaler.unscale_(optimizer)` before clipping",
                                     self._fix(clip, before[-1], steps))
                     continue
-                loop = enclosing_loop(self, clip)
-                if loop is not None and any(enclosing_loop(self, b) is loop and line_of(self, b) > line
-                                            for b in plain_backs) and not any(
-                        enclosing_loop(self, b) is loop and line_of(self, b) < line for b in plain_backs):
+                loop = enclosing_loop(clip)
+                if loop is not None and any(enclosing_loop(b) is loop and b.lineno > line for b in plain_backs) and not any(
+                        enclosing_loop(b) is loop and b.lineno < line for b in plain_backs):
                     self.report(clip, "gradient clipping before `backward()` in the same step clips the previous "
                                       "gradients; clip after backward, before the optimizer step")
 
     def _fix(self, clip, back, steps):
-        stmt = statement_of(self, clip)
-        opts = {self.code_of(s.args[0].value) for s in steps if s.args}
-        if stmt is None or len(opts) != 1 or stmt.body[0] is not clip and not (
-                isinstance(stmt.body[0], (cst.Expr, cst.Assign)) and stmt.body[0].value is clip):
+        stmt = self.parent(clip)
+        opts = {self.code_of(s.args[0]) for s in steps if s.args}
+        if len(opts) != 1 or not isinstance(stmt, (ast.Expr, ast.Assign)) or stmt.value is not clip \
+                or not self.edits.own_lines(stmt):
             return None
         scaler = dotted(receiver(receiver(back)))
-        unscale = cst.parse_statement(f"{scaler}.unscale_({opts.pop()})\n")
         return Fix("insert scaler.unscale_(optimizer) before clipping",
-                   [(stmt, lambda u: cst.FlattenSentinel([unscale.with_changes(leading_lines=u.leading_lines),
-                                                          u.with_changes(leading_lines=[])]))])
+                   [self.edits.insert_before(stmt, [f"{scaler}.unscale_({opts.pop()})"])])

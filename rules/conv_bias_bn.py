@@ -1,14 +1,17 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import arg, dotted, kwarg, walk, with_args
+from ampfix.analysis import arg, has_star, is_const
 from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
 
 CONV = {f"torch.nn.Conv{d}d" for d in (1, 2, 3)}
 BN = {f"torch.nn.BatchNorm{d}d" for d in (1, 2, 3)} | {"torch.nn.SyncBatchNorm"}
 
 
-def _no_bias(u):
-    return u.with_changes(args=with_args(u.args, [kwarg("bias", cst.Name("False"))]))
+def _assigned_call(stmt):
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) and len(stmt.targets) == 1:
+        return dotted(stmt.targets[0]), stmt.value
+    return None
 
 
 class ConvBiasBeforeBn(Rule):
@@ -79,59 +82,54 @@ class ConvBiasBeforeBn(Rule):
     ]
 
     def _biased_conv(self, n) -> bool:
-        if not (isinstance(n, cst.Call) and self.qnames(n) & CONV) or any(a.star for a in n.args):
+        if not (isinstance(n, ast.Call) and self.qnames(n) & CONV) or has_star(n):
             return False
         b = arg(n, "bias", 7)
-        return b is None or (isinstance(b.value, cst.Name) and b.value.value == "True")
+        return b is None or is_const(b, True)
 
     def _report(self, conv):
         b = arg(conv, "bias", 7)
         if b is None:
-            fix = Fix("bias=False on the convolution", [(conv, _no_bias)], safe=False)
+            fix = Fix("bias=False on the convolution", [self.edits.insert_arg(conv, "bias=False")], safe=False)
         else:
-            fix = Fix("bias=False on the convolution", [(b.value, cst.Name("False"))], safe=False)
+            fix = Fix("bias=False on the convolution", [self.edits.replace(b, "False")], safe=False)
         self.report(conv, "convolution bias followed by BatchNorm is cancelled by its mean subtraction; "
                           "use bias=False (unsafe fix: old checkpoints have the bias)", fix)
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if self.qnames(node) & {"torch.nn.Sequential"}:
-            items = [a.value for a in node.args if not a.star]
+            items = [a for a in node.args if not isinstance(a, ast.Starred)]
             for a, b in zip(items, items[1:]):
-                if self._biased_conv(a) and isinstance(b, cst.Call) and self.qnames(b) & BN:
+                if self._biased_conv(a) and isinstance(b, ast.Call) and self.qnames(b) & BN:
                     self._report(a)
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        methods = {f.name.value: f for f in node.body.body if isinstance(f, cst.FunctionDef)}
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
         if "__init__" not in methods or "forward" not in methods:
             return
         convs, bns = {}, set()
         for n in walk(methods["__init__"]):
-            if isinstance(n, cst.Assign) and len(n.targets) == 1:
-                name = dotted(n.targets[0].target)
+            if isinstance(n, ast.Assign) and len(n.targets) == 1:
+                name = dotted(n.targets[0])
                 if name and self._biased_conv(n.value):
                     convs[name] = n.value
-                elif name and isinstance(n.value, cst.Call) and self.qnames(n.value) & BN:
+                elif name and isinstance(n.value, ast.Call) and self.qnames(n.value) & BN:
                     bns.add(name)
         if not convs or not bns:
             return
         hit = set()
-        stmts = [s for s in walk(methods["forward"]) if isinstance(s, cst.SimpleStatementLine)]
-        for n in walk(methods["forward"]):
-            if isinstance(n, cst.Call) and dotted(n.func) in bns and n.args:
-                inner = n.args[0].value
-                if isinstance(inner, cst.Call) and dotted(inner.func) in convs:
+        forward = methods["forward"]
+        stmts = [s for s in walk(forward) if isinstance(s, ast.stmt)]
+        for n in walk(forward):
+            if isinstance(n, ast.Call) and dotted(n.func) in bns and n.args:
+                inner = n.args[0]
+                if isinstance(inner, ast.Call) and dotted(inner.func) in convs:
                     hit.add(dotted(inner.func))
         for s1, s2 in zip(stmts, stmts[1:]):
             c1 = _assigned_call(s1)
             c2 = _assigned_call(s2)
             if c1 and c2 and dotted(c1[1].func) in convs and dotted(c2[1].func) in bns:
-                if c2[1].args and dotted(c2[1].args[0].value) == c1[0]:
+                if c2[1].args and dotted(c2[1].args[0]) == c1[0]:
                     hit.add(dotted(c1[1].func))
         for name in sorted(hit):
             self._report(convs[name])
-
-
-def _assigned_call(stmt):
-    if len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign) and isinstance(stmt.body[0].value, cst.Call):
-        return dotted(stmt.body[0].targets[0].target), stmt.body[0].value
-    return None

@@ -1,7 +1,9 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import arg, dotted, kwarg, method_call, receiver, with_args
+from ampfix.analysis import arg, has_star, kwargs, method_call, receiver, string_value
+from ampfix.edits import Edit
 from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.semantic import dotted
 
 DETERMINISTIC = {"zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "tensor",
                  "empty_strided"}
@@ -83,9 +85,10 @@ class CpuTensorToDevice(Rule):
     ]
 
     def _is_device(self, expr) -> bool:
-        if isinstance(expr, cst.SimpleString):
-            return expr.evaluated_value.split(":")[0] in ("cuda", "cpu", "mps", "xpu")
-        if isinstance(expr, cst.Call) and self.qnames(expr) & {"torch.device"}:
+        s = string_value(expr)
+        if s is not None:
+            return s.split(":")[0] in ("cuda", "cpu", "mps", "xpu")
+        if isinstance(expr, ast.Call) and self.qnames(expr) & {"torch.device"}:
             return True
         d = dotted(expr)
         if d:
@@ -93,49 +96,71 @@ class CpuTensorToDevice(Rule):
             return any(w in last for w in DEVICE_WORDS) and not self.qnames(expr) & {f"torch.{last}"}
         return False
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if not method_call(node, "cuda", "to"):
             return
         factory = receiver(node)
-        if not isinstance(factory, cst.Call):
+        if not isinstance(factory, ast.Call):
             return
         fname = next((q[len("torch."):] for q in self.qnames(factory) if q.startswith("torch.")), None)
         if fname not in DETERMINISTIC | RANDOM:
             return
-        if any(a.star for a in factory.args) or arg(factory, "device") or arg(factory, "generator"):
+        if has_star(factory) or arg(factory, "device") is not None or arg(factory, "generator") is not None:
             return
-        kws = {a.keyword.value: a for a in node.args if a.keyword is not None}
-        pos = [a for a in node.args if a.keyword is None]
-        if any(a.star for a in node.args) or set(kws) - {"device", "dtype", "non_blocking"}:
+        kws = kwargs(node)
+        pos = node.args
+        if has_star(node) or set(kws) - {"device", "dtype", "non_blocking"}:
             return
         device = dtype = None
-        if node.func.attr.value == "cuda":
+        if node.func.attr == "cuda":
             if len(pos) > 1 or "dtype" in kws:
                 return
-            device = pos[0].value if pos else (kws["device"].value if "device" in kws else cst.SimpleString('"cuda"'))
+            device = self.code_of(pos[0]) if pos else (self.code_of(kws["device"]) if "device" in kws else '"cuda"')
         else:
             if len(pos) > 2:
                 return
             if pos:
-                if not self._is_device(pos[0].value):
+                if not self._is_device(pos[0]):
                     return
-                device = pos[0].value
+                device = self.code_of(pos[0])
                 if len(pos) == 2:
-                    dtype = pos[1].value
+                    dtype = self.code_of(pos[1])
             if "device" in kws:
-                device = kws["device"].value
+                device = self.code_of(kws["device"])
             if "dtype" in kws:
-                dtype = kws["dtype"].value
+                dtype = self.code_of(kws["dtype"])
             if device is None:
                 return
-        if dtype is not None and arg(factory, "dtype"):
+        if dtype is not None and arg(factory, "dtype") is not None:
             return
         random = fname in RANDOM
-        extra = [kwarg("device", device)] + ([kwarg("dtype", dtype)] if dtype is not None else [])
-        new = factory.with_changes(args=with_args(factory.args, extra))
-        move = self.code_of(node.func.attr) + "(...)"
-        fix = Fix(f"create the tensor on the device (torch.{fname}(..., device=...))", [(node, new)], safe=not random)
+        extra = f"device={device}" + (f", dtype={dtype}" if dtype is not None else "")
+        # the factory gets the arguments; the `.cuda()` / `.to(...)` goes, from its dot on (what
+        # lies between, a comment or a line break inside brackets, stays)
+        dot = self._dot(factory, node)
+        if dot is None:
+            return
+        fix = Fix(f"create the tensor on the device (torch.{fname}(..., device=...))",
+                  [self.edits.insert_arg(factory, extra), Edit(dot, self.src.span(node)[1], "")], safe=not random)
+        move = node.func.attr + "(...)"
         msg = f"`torch.{fname}(...).{move}` builds the tensor on the CPU and copies it; pass `device=` to the factory"
         if random:
             msg += " (unsafe fix: the numbers change, the device's generator draws them)"
         self.report(node, msg, fix)
+
+    def _dot(self, factory, node):
+        text = self.src.text
+        i = self.src.span(factory)[1]
+        end = self.src.span(node.func)[1]
+        while i < end:
+            c = text[i]
+            if c == ".":
+                return i
+            if c == "#":
+                while i < end and text[i] not in "\r\n":
+                    i += 1
+                continue
+            if c not in " \t\r\n\\":
+                return None
+            i += 1
+        return None

@@ -1,7 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import is_training_loop, walk
+from ampfix.analysis import is_training_loop
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import walk
 
 CONVS = {f"torch.nn.Conv{d}d" for d in (1, 2, 3)} | {f"torch.nn.modules.conv.Conv{d}d" for d in (1, 2, 3)}
 
@@ -41,13 +42,13 @@ class CudnnBenchmark(Rule):
                    "for x in d:\n    c(x).sum().backward()\n")]
     INVALID = [Invalid("import torch.nn as nn\nc = nn.Conv2d(3, 8, 3)\nfor x in d:\n    c(x).sum().backward()\n")]
 
-    def visit_Module(self, node: cst.Module) -> None:
+    def visit_Module(self, node: ast.Module) -> None:
         nodes = list(walk(node, into_functions=True))
-        if any(isinstance(n, cst.Attribute) and n.attr.value == "benchmark" for n in nodes):
+        if any(isinstance(n, ast.Attribute) and n.attr == "benchmark" for n in nodes):
             return
-        if not any(isinstance(n, (cst.For, cst.While)) and is_training_loop(n) for n in nodes):
+        if not any(isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and is_training_loop(n) for n in nodes):
             return
-        conv = next((n for n in nodes if isinstance(n, cst.Call) and self.qnames(n) & CONVS), None)
+        conv = next((n for n in nodes if isinstance(n, ast.Call) and self.qnames(n) & CONVS), None)
         if conv is not None:
             self.report(conv, "convolutions trained without torch.backends.cudnn.benchmark = True: with fixed "
                               "input shapes cuDNN can pick its fastest algorithm")

@@ -1,14 +1,10 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import arg, kwarg, with_args
+from ampfix.analysis import arg
 from ampfix.rule import Fix, Invalid, Rule, Valid
 
 NAMES = {"torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",
          "torch.amp.autocast_mode.custom_bwd"}
-
-
-def _device() -> cst.Arg:
-    return kwarg("device_type", cst.SimpleString('"cuda"'))
 
 
 class CustomFwdDevice(Rule):
@@ -49,15 +45,17 @@ class CustomFwdDevice(Rule):
                 expected='from torch.amp import custom_bwd\n@custom_bwd(device_type="cuda")\ndef b(ctx, g):\n    return g\n'),
     ]
 
-    def visit_Decorator(self, node: cst.Decorator) -> None:
-        dec = node.decorator
-        target = dec.func if isinstance(dec, cst.Call) else dec
-        if not self.qnames(target) & NAMES:
-            return
-        if isinstance(dec, cst.Call):
-            if arg(dec, "device_type"):
-                return
-            fix = Fix('add device_type="cuda"', [(dec, lambda u: u.with_changes(args=with_args(u.args, [_device()], first=True)))])
-        else:
-            fix = Fix('add device_type="cuda"', [(dec, cst.Call(func=dec, args=[_device()]))])
-        self.report(dec, "`custom_fwd`/`custom_bwd` from torch.amp need `device_type=`", fix)
+    def visit_FunctionDef(self, node) -> None:
+        for dec in node.decorator_list:
+            target = dec.func if isinstance(dec, ast.Call) else dec
+            if not self.qnames(target) & NAMES:
+                continue
+            if isinstance(dec, ast.Call):
+                if arg(dec, "device_type") is not None:
+                    continue
+                fix = Fix('add device_type="cuda"', [self.edits.insert_arg(dec, 'device_type="cuda"', first=True)])
+            else:
+                fix = Fix('add device_type="cuda"', [self.edits.replace(dec, f'{self.code_of(dec)}(device_type="cuda")')])
+            self.report(dec, "`custom_fwd`/`custom_bwd` from torch.amp need `device_type=`", fix)
+
+    visit_AsyncFunctionDef = visit_FunctionDef

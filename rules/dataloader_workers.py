@@ -1,7 +1,9 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import DATALOADER, arg, walk
+from ampfix.analysis import DATALOADER, arg, has_star, is_const
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import walk
+
 
 class DataLoaderWorkers(Rule):
     """
@@ -44,24 +46,23 @@ class DataLoaderWorkers(Rule):
         Invalid("import torch\nl = torch.utils.data.DataLoader(ds, num_workers=0, pin_memory=True)\ndevice = 'cuda'\n"),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
+    def visit_Module(self, node: ast.Module) -> None:
+        nodes = list(walk(node, into_functions=True))
         uses_cuda = any(
-            (isinstance(n, cst.Attribute) and n.attr.value == "cuda")
-            or (isinstance(n, cst.SimpleString) and n.evaluated_value.startswith("cuda"))
-            for n in walk(node, into_functions=True))
+            (isinstance(n, ast.Attribute) and n.attr == "cuda")
+            or (isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("cuda"))
+            for n in nodes)
         if not uses_cuda:
             return
-        for n in walk(node, into_functions=True):
-            if not (isinstance(n, cst.Call) and self.qnames(n) & DATALOADER):
-                continue
-            if any(a.star for a in n.args):
+        for n in nodes:
+            if not (isinstance(n, ast.Call) and self.qnames(n) & DATALOADER) or has_star(n):
                 continue
             problems = []
             workers = arg(n, "num_workers")
-            if workers is None or (isinstance(workers.value, cst.Integer) and workers.value.evaluated_value == 0):
+            if workers is None or is_const(workers, 0):
                 problems.append("num_workers=0 (batches are loaded in the training process)")
             pin = arg(n, "pin_memory")
-            if pin is None or (isinstance(pin.value, cst.Name) and pin.value.value == "False"):
+            if pin is None or is_const(pin, False):
                 problems.append("no pin_memory (copies cannot overlap compute)")
             if problems:
                 self.report(n, "DataLoader feeding the GPU with " + " and ".join(problems))

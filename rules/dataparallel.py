@@ -1,4 +1,4 @@
-import libcst as cst
+import ast
 
 from ampfix.analysis import DATAPARALLEL
 from ampfix.rule import Invalid, Rule, Valid
@@ -39,7 +39,7 @@ class DataParallel(Rule):
              Valid("class DataParallel: pass\nm = DataParallel()\n")]
     INVALID = [Invalid("import torch.nn as nn\nmodel = nn.DataParallel(model, device_ids=[0, 1])\n")]
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if self.qnames(node) & DATAPARALLEL:
             self.report(node, "nn.DataParallel replicates the model every step and runs replicas in threads; "
                               "use DistributedDataParallel (one process per GPU)")

@@ -1,13 +1,13 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import (
-    DATAPARALLEL, arg, autocast_call, autocast_dtype, dotted, enclosing_autocast, walk,
-)
+from ampfix.analysis import DATAPARALLEL, arg, autocast_call, autocast_dtype, enclosing_autocast
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
 
 #: torch 1.7 (pytorch/pytorch#43102) made parallel_apply re-enter autocast in the replica
 #: threads - with the enabled flag only, so the dtype falls back to float16 on CUDA.
 PROPAGATES_SINCE = (1, 7)
+PEEL = ("to", "cuda", "float", "train", "eval")
 
 
 class DataParallelAutocast(Rule):
@@ -133,56 +133,70 @@ class DataParallelAutocast(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        self.wrapped = {}  # dotted name -> inner module expression
-        self.classes = {c.name.value: c for c in walk(node, into_functions=True) if isinstance(c, cst.ClassDef)}
-        assigned = {}
-        for n in walk(node, into_functions=True):
-            if isinstance(n, cst.Assign) and len(n.targets) == 1:
-                name = dotted(n.targets[0].target)
-                if not name:
-                    continue
-                if isinstance(n.value, cst.Call) and self.qnames(n.value) & DATAPARALLEL:
-                    inner = arg(n.value, "module", 0)
-                    self.wrapped[name] = inner.value if inner else None
-                else:
-                    assigned.setdefault(name, n.value)
-        self.assigned = assigned
+    def _values(self, expr):
+        """What a name (resolved in its own scope) or ``self.x`` (assigned in the class's
+        methods) may hold."""
+        if isinstance(expr, ast.Name):
+            return self.sem.values_of(expr)
+        d = dotted(expr)
+        if d and d.startswith("self.") and d.count(".") == 1:
+            cls = next((a for a in self.ancestors(expr) if isinstance(a, ast.ClassDef)), None)
+            if cls is None:
+                return []
+            out = []
+            for n in walk(cls, into_functions=True):
+                if isinstance(n, ast.Assign) and any(dotted(t) == d for t in n.targets):
+                    out.append(n.value)
+            return out
+        return []
+
+    def _dataparallel_inner(self, func):
+        """For a called name that holds nn.DataParallel(...): (True, the wrapped module expression)."""
+        for v in self._values(func):
+            if isinstance(v, ast.Call) and self.qnames(v) & DATAPARALLEL:
+                return True, arg(v, "module", 0)
+        return False, None
 
     def _class_of(self, expr):
         for _ in range(6):
             # Net().to(device), Net().cuda(): the module is the receiver's
-            while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-                    expr.func.attr.value in ("to", "cuda", "float", "train", "eval"):
+            while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in PEEL:
                 expr = expr.func.value
-            if isinstance(expr, cst.Call):
-                return self.classes.get(dotted(expr.func) or "")
-            d = dotted(expr) if expr is not None else None
-            if d is None or d not in self.assigned:
+            if isinstance(expr, ast.Call):
+                if isinstance(expr.func, ast.Name):
+                    for b in self.sem.bindings_of(expr.func):
+                        if b.kind == "class":
+                            return b.node
                 return None
-            expr = self.assigned[d]
+            values = self._values(expr) if expr is not None else []
+            if len(values) != 1:
+                return None
+            expr = values[0]
         return None
 
-    def _forward_autocasts(self, cls: cst.ClassDef) -> bool:
-        for n in cls.body.body:
-            if isinstance(n, cst.FunctionDef) and n.name.value == "forward":
-                if any(autocast_call(self, d) for d in n.decorators):
+    def _forward_autocasts(self, cls: ast.ClassDef) -> bool:
+        for n in cls.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward":
+                if any(autocast_call(self.sem, d) for d in n.decorator_list):
                     return True
-                return any(isinstance(w, cst.With) and any(autocast_call(self, i) for i in w.items)
+                return any(isinstance(w, (ast.With, ast.AsyncWith)) and any(autocast_call(self.sem, i) for i in w.items)
                            for w in walk(n))
         return False
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         name = dotted(node.func)
-        if name is None or name not in getattr(self, "wrapped", {}):
+        if name is None:
             return
-        region = enclosing_autocast(self, node)
+        region = enclosing_autocast(self.sem, node)
         if region is None:
             return
-        cls = self._class_of(self.wrapped[name])
+        is_dp, inner = self._dataparallel_inner(node.func)
+        if not is_dp:
+            return
+        cls = self._class_of(inner)
         if cls is not None and self._forward_autocasts(cls):
             return
-        dtype = autocast_dtype(self, region)
+        dtype = autocast_dtype(self.sem, region)
         if self.settings.torch_version < PROPAGATES_SINCE:
             self.report(node, f"`{name}` is nn.DataParallel: on torch < 1.7 autocast does not reach its replica "
                               "threads, which run in float32; use DistributedDataParallel or autocast inside forward")

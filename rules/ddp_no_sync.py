@@ -1,9 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import (
-    DDP, enclosing_loop, is_modulo_guarded, is_optimizer_step, is_training_loop, method_call, walk,
-)
+from ampfix.analysis import DDP, enclosing_loop, is_modulo_guarded, is_optimizer_step, is_training_loop, method_call
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import walk
 
 
 class DdpNoSync(Rule):
@@ -85,19 +84,19 @@ class DdpNoSync(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
+    def visit_Module(self, node: ast.Module) -> None:
         nodes = list(walk(node, into_functions=True))
-        if not any(isinstance(n, cst.Call) and self.qnames(n) & DDP for n in nodes):
+        if not any(isinstance(n, ast.Call) and self.qnames(n) & DDP for n in nodes):
             return
         if any(method_call(n, "no_sync") for n in nodes):
             return
-        for loop in (n for n in nodes if isinstance(n, (cst.For, cst.While)) and is_training_loop(n)):
-            body = list(walk(loop.body))
-            steps = [n for n in body if is_optimizer_step(n) and enclosing_loop(self, n) is loop]
-            if not steps or not all(is_modulo_guarded(self, s, loop) for s in steps):
+        for loop in (n for n in nodes if isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and is_training_loop(n)):
+            body = [x for s in loop.body for x in [s, *walk(s)]]
+            steps = [n for n in body if is_optimizer_step(n) and enclosing_loop(n) is loop]
+            if not steps or not all(is_modulo_guarded(s, loop) for s in steps):
                 continue
             for b in body:
-                if method_call(b, "backward") and enclosing_loop(self, b) is loop and not is_modulo_guarded(self, b, loop):
+                if method_call(b, "backward") and enclosing_loop(b) is loop and not is_modulo_guarded(b, loop):
                     self.report(b, "DDP all-reduces gradients in every backward; on the accumulating steps run "
                                    "forward and backward inside `with model.no_sync():`")
                     break

@@ -1,13 +1,15 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import arg, is_training_loop, walk
+from ampfix.analysis import arg, is_const, is_training_loop
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import walk
 
 ANOMALY_SET = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 ANOMALY_CTX = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}
 GRADCHECK = {"torch.autograd.gradcheck", "torch.autograd.gradgradcheck", "torch.autograd.gradcheck.gradcheck"}
 PROFILERS = {"torch.profiler.profile", "torch.autograd.profiler.profile", "torch.autograd.profiler.emit_nvtx",
              "torch.cuda.profiler.profile", "torch.autograd.profiler_legacy.profile"}
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 class DebugApi(Rule):
@@ -79,15 +81,14 @@ class DebugApi(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
+    def visit_Module(self, node: ast.Module) -> None:
         nodes = list(walk(node, into_functions=True))
-        trains = any(isinstance(n, (cst.For, cst.While)) and is_training_loop(n) for n in nodes)
+        trains = any(isinstance(n, LOOPS) and is_training_loop(n) for n in nodes)
         for n in nodes:
-            if isinstance(n, cst.Call):
+            if isinstance(n, ast.Call):
                 names = self.qnames(n)
                 if names & ANOMALY_SET:
-                    a = arg(n, "mode", 0)
-                    if a is not None and isinstance(a.value, cst.Name) and a.value.value == "True":
+                    if is_const(arg(n, "mode", 0), True):
                         self.report(n, "anomaly detection slows every op and backward several times; "
                                        "enable it only while debugging")
                 elif names & ANOMALY_CTX and trains:
@@ -96,10 +97,10 @@ class DebugApi(Rule):
                 elif names & GRADCHECK and trains:
                     self.report(n, "gradcheck in training code runs the function many times in float64; move it "
                                    "to a test")
-            elif isinstance(n, cst.With):
+            elif isinstance(n, (ast.With, ast.AsyncWith)):
                 for item in n.items:
-                    c = item.item
-                    if isinstance(c, cst.Call) and self.qnames(c) & PROFILERS and not arg(c, "schedule"):
-                        if any(isinstance(m, (cst.For, cst.While)) and is_training_loop(m) for m in walk(n.body)):
+                    c = item.context_expr
+                    if isinstance(c, ast.Call) and self.qnames(c) & PROFILERS and arg(c, "schedule") is None:
+                        if any(isinstance(m, LOOPS) and is_training_loop(m) for s in n.body for m in [s, *walk(s)]):
                             self.report(c, "a profiler records every op of the whole training loop; profile a few "
                                            "steps with schedule=torch.profiler.schedule(...)")

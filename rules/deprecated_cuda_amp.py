@@ -1,9 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import (
-    CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, base_name, bound_by_imports, import_of, kwarg, with_args,
-)
+from ampfix.analysis import CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, bound_by_imports, import_spec
 from ampfix.rule import Fix, ImportSpec, Invalid, Rule, Valid
+from ampfix.semantic import base_name
 
 CUSTOM = {"torch.cuda.amp.custom_fwd": "custom_fwd", "torch.cuda.amp.custom_bwd": "custom_bwd",
           "torch.cuda.amp.autocast_mode.custom_fwd": "custom_fwd",
@@ -132,39 +131,37 @@ class DeprecatedCudaAmp(Rule):
     ]
 
     def _imports(self, node):
-        base = base_name(node.func if isinstance(node, cst.Call) else node)
-        spec = import_of(self, base) if base is not None else None
+        base = base_name(node.func if isinstance(node, ast.Call) else node)
+        spec = import_spec(self.sem, base) if base is not None else None
         removes = [spec] if spec is not None and spec.module.startswith("torch.cuda") else []
         return [ImportSpec("torch")], removes
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if self.settings.target != "torch.amp":
             return
         names = self.qnames(node)
-        adds, removes = self._imports(node)
         if names & CUDA_AMP_AUTOCAST:
-            func, what = "torch.autocast", "autocast"
+            func, what, first = "torch.autocast", "autocast", '"cuda"'
         elif names & CUDA_AMP_GRADSCALER:
-            func, what = "torch.amp.GradScaler", "GradScaler"
+            func, what, first = "torch.amp.GradScaler", "GradScaler", '"cuda"'
         elif names & set(CUSTOM):
             kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
-            new = cst.parse_expression(f"torch.amp.{kind}")
+            adds, removes = self._imports(node)
             fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")",
-                      [(node, lambda u, new=new: u.with_changes(
-                          func=new, args=with_args(u.args, [kwarg("device_type", cst.SimpleString('"cuda"'))], first=True)))],
+                      [self.edits.replace(node.func, f"torch.amp.{kind}"),
+                       self.edits.insert_arg(node, 'device_type="cuda"', first=True)],
                       add_imports=adds, remove_imports=removes)
             self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
             return
         else:
             return
-        new_func = cst.parse_expression(func)
+        adds, removes = self._imports(node)
         fix = Fix(f"torch.cuda.amp.{what} -> {func}(\"cuda\", ...)",
-                  [(node, lambda u: u.with_changes(func=new_func, args=with_args(u.args, [cst.Arg(cst.SimpleString('"cuda"'))],
-                                                                                   first=True)))],
+                  [self.edits.replace(node.func, func), self.edits.insert_arg(node, first, first=True)],
                   add_imports=adds, remove_imports=removes)
         self.report(node, f"`torch.cuda.amp.{what}(...)` is deprecated since torch 2.4; use `{func}(\"cuda\", ...)`", fix)
 
-    def visit_Module(self, node: cst.Module) -> None:
+    def visit_Module(self, node: ast.Module) -> None:
         self.torch_bound = bound_by_imports(node, "torch")
 
     def _reference(self, node) -> None:
@@ -172,29 +169,30 @@ class DeprecatedCudaAmp(Rule):
         if self.settings.target != "torch.amp":
             return
         base = base_name(node)
-        if base is None or base.value not in self.torch_bound:
+        if base is None or base.id not in self.torch_bound:
             return
         parent = self.parent(node)
-        if isinstance(parent, cst.Call) and parent.func is node:
+        if isinstance(parent, ast.Call) and parent.func is node:
             return
-        if isinstance(parent, cst.Attribute) and parent.value is node:
-            return
-        if any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.ancestors(node)):
+        if isinstance(parent, ast.Attribute) and parent.value is node:
             return
         names = self.qnames(node)
-        if names & set(CUSTOM) and isinstance(parent, cst.Decorator):
+        if names & set(CUSTOM) and isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and any(d is node for d in parent.decorator_list):
             kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
             adds, removes = self._imports(node)
-            new = cst.parse_expression(f'torch.amp.{kind}(device_type="cuda")')
-            fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")", [(node, new)],
+            fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")",
+                      [self.edits.replace(node, f'torch.amp.{kind}(device_type="cuda")')],
                       add_imports=adds, remove_imports=removes)
             self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
         elif names & (CUDA_AMP_AUTOCAST | CUDA_AMP_GRADSCALER):
             self.report(node, "`torch.cuda.amp` name is deprecated; refer to `torch.amp` instead "
                               "(no automatic fix for a reference that is not a call)")
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self._reference(node)
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self._reference(node)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._reference(node)
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self._reference(node)

@@ -1,7 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import dotted, method_call, receiver, walk
+from ampfix.analysis import method_call, receiver
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
 
 NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad",
            "torch.autograd.grad_mode.inference_mode", "torch.set_grad_enabled", "torch.autograd.set_grad_enabled"}
@@ -85,21 +86,23 @@ class EvalNoGrad(Rule):
         ),
     ]
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if any(self.qnames(d.decorator) & NO_GRAD for d in node.decorators):
+    def visit_FunctionDef(self, node) -> None:
+        if any(self.qnames(d) & NO_GRAD for d in node.decorator_list):
             return
-        nodes = list(walk(node.body))
+        nodes = [x for s in node.body for x in [s, *walk(s)]]
         evals = [n for n in nodes if method_call(n, "eval") and not n.args and dotted(receiver(n))]
         if not evals:
             return
-        if any(isinstance(n, cst.Call) and self.qnames(n) & NO_GRAD for n in nodes):
+        if any(isinstance(n, ast.Call) and self.qnames(n) & NO_GRAD for n in nodes):
             return
         if any(method_call(n, "backward", "step", "train") for n in nodes):
             return
         models = {dotted(receiver(e)) for e in evals}
-        for loop in (n for n in nodes if isinstance(n, (cst.For, cst.While))):
-            if any(isinstance(c, cst.Call) and dotted(c.func) in models for c in walk(loop.body)):
+        for loop in (n for n in nodes if isinstance(n, (ast.For, ast.AsyncFor, ast.While))):
+            if any(isinstance(c, ast.Call) and dotted(c.func) in models for s in loop.body for c in [s, *walk(s)]):
                 self.report(evals[0], "the model is evaluated without torch.no_grad()/inference_mode(): autograd "
                                       "still records every forward; decorate the function with "
                                       "@torch.inference_mode()")
                 return
+
+    visit_AsyncFunctionDef = visit_FunctionDef

@@ -1,7 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, method_call, walk
+from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, exclusive, method_call, unit_of
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import walk
 
 
 class ManualHalf(Rule):
@@ -59,17 +60,29 @@ class ManualHalf(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        calls = [n for n in walk(node, into_functions=True) if isinstance(n, cst.Call)]
-        has_autocast = any(self.qnames(c) & AUTOCAST for c in calls)
-        has_scaler = any(self.qnames(c) & GRADSCALER for c in calls)
-        if not (has_autocast or has_scaler):
+    def visit_Module(self, node: ast.Module) -> None:
+        calls = [n for n in walk(node, into_functions=True) if isinstance(n, ast.Call)]
+        amp_uses = [(c, "scaler" if self.qnames(c) & GRADSCALER else "autocast") for c in calls
+                    if self.qnames(c) & (AUTOCAST | GRADSCALER)]
+        if not amp_uses:
             return
-        why = "with GradScaler (it cannot unscale float16 gradients)" if has_scaler else "under autocast"
+        module_level = [(c, k) for c, k in amp_uses if unit_of(c) is node]
         for c in calls:
             if method_call(c, "half") and not c.args:
-                self.report(c, f"manual `.half()` {why}: keep float32 and let autocast cast per op")
+                what = "manual `.half()`"
             elif method_call(c, "to", "type"):
                 a = arg(c, "dtype", 0)
-                if a is not None and (self.qnames(a.value) & (FLOAT16 | {"torch.cuda.HalfTensor", "torch.HalfTensor"})):
-                    self.report(c, f"manual cast to float16 {why}: keep float32 and let autocast cast per op")
+                if a is None or not (self.qnames(a) & (FLOAT16 | {"torch.cuda.HalfTensor", "torch.HalfTensor"})):
+                    continue
+                what = "manual cast to float16"
+            else:
+                continue
+            unit = unit_of(c)
+            # the AMP uses this cast can meet: its own function's (unless they run on another
+            # branch), and the module's; a cast at module level meets every use in the file
+            related = [k for u, k in amp_uses if unit_of(u) is unit and not exclusive(c, u, unit)]
+            related += [k for _, k in module_level] if unit is not node else [k for _, k in amp_uses]
+            if not related:
+                continue
+            why = "with GradScaler (it cannot unscale float16 gradients)" if "scaler" in related else "under autocast"
+            self.report(c, f"{what} {why}: keep float32 and let autocast cast per op")

@@ -1,14 +1,16 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import DATALOADER, arg, dotted, kwarg, method_call, receiver, walk, with_args
+from ampfix.analysis import DATALOADER, arg, is_const, method_call, receiver
 from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
+
 
 def _names(target):
-    if isinstance(target, cst.Name):
-        yield target.value
-    elif isinstance(target, (cst.Tuple, cst.List)):
-        for e in target.elements:
-            yield from _names(e.value)
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for e in target.elts:
+            yield from _names(e)
 
 
 class NonBlocking(Rule):
@@ -73,30 +75,31 @@ class NonBlocking(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        pinned = set()
-        for n in walk(node, into_functions=True):
-            if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and self.qnames(n.value) & DATALOADER:
-                pin = arg(n.value, "pin_memory")
-                if pin is not None and isinstance(pin.value, cst.Name) and pin.value.value == "True":
-                    pinned.update(d for d in (dotted(t.target) for t in n.targets) if d)
-        if not pinned:
-            return
-        for loop in walk(node, into_functions=True):
-            if not isinstance(loop, cst.For):
-                continue
-            it = loop.iter
-            if isinstance(it, cst.Call) and dotted(it.func) in ("enumerate", "tqdm", "tqdm.tqdm") and it.args:
-                it = it.args[0].value
-            if dotted(it) not in pinned:
-                continue
-            batch = set(_names(loop.target))
-            for n in walk(loop.body):
-                if method_call(n, "to", "cuda") and dotted(receiver(n)) in batch and not arg(n, "non_blocking"):
-                    if n.func.attr.value == "to" and not n.args:
-                        continue
-                    def add(u):
-                        return u.with_changes(args=with_args(u.args, [kwarg("non_blocking", cst.Name("True"))]))
+    def _pinned(self, it) -> bool:
+        """Whether the loop's iterable is a DataLoader with pin_memory=True (a name resolved in
+        its scope; ``self.x`` assigned anywhere in the module)."""
+        if isinstance(it, ast.Name):
+            values = self.sem.values_of(it)
+        else:
+            d = dotted(it)
+            values = [n.value for n in self.assigns if any(dotted(t) == d for t in n.targets)] if d else []
+        return any(isinstance(v, ast.Call) and self.qnames(v) & DATALOADER and is_const(arg(v, "pin_memory"), True)
+                   for v in values)
 
+    def visit_Module(self, node: ast.Module) -> None:
+        self.assigns = [n for n in walk(node, into_functions=True) if isinstance(n, ast.Assign)]
+
+    def visit_For(self, loop: ast.For) -> None:
+        it = loop.iter
+        if isinstance(it, ast.Call) and dotted(it.func) in ("enumerate", "tqdm", "tqdm.tqdm") and it.args:
+            it = it.args[0]
+        if not self._pinned(it):
+            return
+        batch = set(_names(loop.target))
+        for s in loop.body:
+            for n in [s, *walk(s)]:
+                if method_call(n, "to", "cuda") and dotted(receiver(n)) in batch and arg(n, "non_blocking") is None:
+                    if n.func.attr == "to" and not n.args and not n.keywords:
+                        continue
                     self.report(n, "copy from pinned memory without `non_blocking=True`: the host waits for it",
-                                Fix("add non_blocking=True", [(n, add)]))
+                                Fix("add non_blocking=True", [self.edits.insert_arg(n, "non_blocking=True")]))

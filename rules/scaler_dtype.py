@@ -1,7 +1,11 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import AUTOCAST, GRADSCALER, arg, autocast_dtype, method_call, walk
+from ampfix.analysis import (
+    AUTOCAST, GRADSCALER, arg, autocast_dtype, functions_and_module, is_const, method_call, receiver, scalers_for,
+    string_value, unit_nodes,
+)
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
 
 
 def _device(rule, call) -> str:
@@ -11,9 +15,8 @@ def _device(rule, call) -> str:
     if rule.qnames(call) & {"torch.cpu.amp.autocast"}:
         return "cpu"
     a = arg(call, "device_type", 0)
-    if a is not None and isinstance(a.value, cst.SimpleString):
-        return a.value.evaluated_value.split(":")[0]
-    return "?"
+    s = string_value(a)
+    return s.split(":")[0] if s is not None else "?"
 
 
 class ScalerDtype(Rule):
@@ -64,26 +67,37 @@ class ScalerDtype(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        calls = [n for n in walk(node, into_functions=True) if isinstance(n, cst.Call)]
-        autocasts = [c for c in calls if self.qnames(c) & AUTOCAST]
-        scalers = [c for c in calls if self.qnames(c) & GRADSCALER]
-        if not autocasts:
+    def visit_Module(self, node: ast.Module) -> None:
+        all_calls = [n for n in walk(node, into_functions=True) if isinstance(n, ast.Call)]
+        if not any(self.qnames(c) & AUTOCAST for c in all_calls):
             return
-        dtypes = {autocast_dtype(self, c) for c in autocasts}
-        if scalers and dtypes == {"bfloat16"}:
-            for s in scalers:
-                a = arg(s, "enabled")
-                if a is None or not (isinstance(a.value, cst.Name) and a.value.value == "False"):
-                    self.report(s, "GradScaler with bfloat16 autocast: bfloat16 has float32's range and needs no "
-                                   "loss scaling; drop the scaler")
-            return
-        if scalers or not any(method_call(c, "backward") for c in calls):
-            return
-        for c in autocasts:
-            a = arg(c, "enabled")
-            disabled = a is not None and isinstance(a.value, cst.Name) and a.value.value == "False"
-            if _device(self, c) == "cuda" and autocast_dtype(self, c) in (None, "float16") and not disabled:
-                self.report(c, "float16 autocast with a backward pass and no GradScaler: small gradients underflow "
-                               "to zero; add torch.amp.GradScaler(\"cuda\") or use dtype=torch.bfloat16")
-                return
+        all_scalers = [c for c in all_calls if self.qnames(c) & GRADSCALER]
+        all_dtypes = {autocast_dtype(self.sem, c) for c in all_calls if self.qnames(c) & AUTOCAST}
+        reported = set()
+        for unit in functions_and_module(node):
+            calls = [n for n in unit_nodes(unit) if isinstance(n, ast.Call)]
+            autocasts = [c for c in calls if self.qnames(c) & AUTOCAST]
+            made = [c for c in calls if self.qnames(c) & GRADSCALER]
+            dtypes = {autocast_dtype(self.sem, c) for c in autocasts}
+            # a GradScaler next to bfloat16 autocast only (in its function, or in the whole file)
+            if made and (dtypes == {"bfloat16"} or (not autocasts and all_dtypes == {"bfloat16"})):
+                for s in made:
+                    if not is_const(arg(s, "enabled"), False) and id(s) not in reported:
+                        reported.add(id(s))
+                        self.report(s, "GradScaler with bfloat16 autocast: bfloat16 has float32's range and needs no "
+                                       "loss scaling; drop the scaler")
+                continue
+            if not autocasts or not any(method_call(c, "backward") for c in calls):
+                continue
+            # a scaler made here, passed in, or kept on self counts; so does one the file makes
+            # at module level (seen by every function)
+            scalers = scalers_for(self.ctx, unit)
+            uses_scaler = any(method_call(c, "scale", "unscale_") and dotted(receiver(c)) in scalers for c in calls)
+            if made or uses_scaler or (unit is node and all_scalers):
+                continue
+            for c in autocasts:
+                if _device(self, c) == "cuda" and autocast_dtype(self.sem, c) in (None, "float16") \
+                        and not is_const(arg(c, "enabled"), False):
+                    self.report(c, "float16 autocast with a backward pass and no GradScaler: small gradients "
+                                   "underflow to zero; add torch.amp.GradScaler(\"cuda\") or use dtype=torch.bfloat16")
+                    break

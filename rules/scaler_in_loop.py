@@ -1,4 +1,4 @@
-import libcst as cst
+import ast
 
 from ampfix.analysis import GRADSCALER, enclosing_loop, is_training_loop, loop_body_nodes
 from ampfix.rule import Invalid, Rule, Valid
@@ -82,15 +82,15 @@ class ScalerInLoop(Rule):
         ),
     ]
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if not self.qnames(node) & GRADSCALER:
             return
-        loop = enclosing_loop(self, node)
+        loop = enclosing_loop(node)
         while loop is not None:
-            uses_scaler = any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                              and n.func.attr.value in ("scale", "step", "update") for n in loop_body_nodes(loop, True))
+            uses_scaler = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                              and n.func.attr in ("scale", "step", "update") for n in loop_body_nodes(loop, True))
             if is_training_loop(loop) or uses_scaler:
                 self.report(node, "GradScaler created inside the training loop: its dynamic loss scale restarts "
                                   "every step; create it once before the loop")
                 return
-            loop = enclosing_loop(self, loop)
+            loop = enclosing_loop(loop)

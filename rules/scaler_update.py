@@ -1,6 +1,6 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import functions_and_module, is_scaler_call, scaler_names, walk
+from ampfix.analysis import functions_and_module, is_scaler_call, scalers_for, unit_nodes
 from ampfix.rule import Invalid, Rule, Valid
 
 
@@ -50,13 +50,13 @@ class ScalerUpdate(Rule):
                 message="once per iteration"),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        scalers = scaler_names(self, node)
-        if not scalers:
-            return
+    def visit_Module(self, node: ast.Module) -> None:
         for unit in functions_and_module(node):
-            nodes = list(walk(unit))
-            for s in scalers:
+            scalers = scalers_for(self.ctx, unit)
+            if not scalers:
+                continue
+            nodes = list(unit_nodes(unit))
+            for s in sorted(scalers):
                 steps = [n for n in nodes if is_scaler_call(n, {s}, "step")]
                 updates = [n for n in nodes if is_scaler_call(n, {s}, "update")]
                 if steps and not updates:

@@ -1,10 +1,10 @@
-import libcst as cst
+import ast
 
 from ampfix.analysis import (
-    dotted, functions_and_module, is_optimizer_step, is_scaler_call, receiver, scaled_backward, scaler_names,
-    statement_of, walk,
+    functions_and_module, is_optimizer_step, is_scaler_call, receiver, scaled_backward, scalers_for, unit_nodes,
 )
 from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.semantic import dotted
 
 
 class StepBypassesScaler(Rule):
@@ -98,12 +98,12 @@ class StepBypassesScaler(Rule):
         ),
     ]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        scalers = scaler_names(self, node)
-        if not scalers:
-            return
+    def visit_Module(self, node: ast.Module) -> None:
         for unit in functions_and_module(node):
-            nodes = list(walk(unit))
+            scalers = scalers_for(self.ctx, unit)
+            if not scalers:
+                continue
+            nodes = list(unit_nodes(unit))
             backs = [n for n in nodes if scaled_backward(n, scalers)]
             if not backs:
                 continue
@@ -112,7 +112,7 @@ class StepBypassesScaler(Rule):
                 continue
             has_update = any(is_scaler_call(n, {scaler}, "update") for n in nodes)
             for n in nodes:
-                if is_optimizer_step(n) and not n.args and dotted(receiver(n)) not in scalers:
+                if is_optimizer_step(n) and not n.args and not n.keywords and dotted(receiver(n)) not in scalers:
                     self.report(n, f"`{self.code_of(n)}` steps on scaled gradients and skips the inf/NaN check; "
                                    f"call `{scaler}.step({self.code_of(receiver(n))})` and `{scaler}.update()`",
                                 self._fix(n, scaler, has_update))
@@ -120,13 +120,9 @@ class StepBypassesScaler(Rule):
 
     def _fix(self, call, scaler, has_update):
         opt = self.code_of(receiver(call))
-        new_call = cst.parse_expression(f"{scaler}.step({opt})")
-        line = statement_of(self, call)
-        if has_update or line is None or len(line.body) != 1:
-            return Fix(f"{opt}.step() -> {scaler}.step({opt})", [(call, new_call)], safe=False)
-        update = cst.parse_statement(f"{scaler}.update()\n")
-        return Fix(f"{opt}.step() -> {scaler}.step({opt}); {scaler}.update()",
-                   [(line, lambda u: cst.FlattenSentinel([
-                       u.with_changes(body=[u.body[0].with_changes(value=new_call)]),
-                       update.with_changes(leading_lines=[])]))],
-                   safe=False)
+        edits = [self.edits.replace(call, f"{scaler}.step({opt})")]
+        stmt = self.parent(call)
+        if has_update or not (isinstance(stmt, ast.Expr) and self.edits.own_lines(stmt)):
+            return Fix(f"{opt}.step() -> {scaler}.step({opt})", edits, safe=False)
+        edits.append(self.edits.insert_after(stmt, [f"{scaler}.update()"]))
+        return Fix(f"{opt}.step() -> {scaler}.step({opt}); {scaler}.update()", edits, safe=False)

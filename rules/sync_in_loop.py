@@ -1,10 +1,11 @@
-import libcst as cst
+import ast
 
 from ampfix.analysis import (
-    dotted, enclosing_loop, is_modulo_guarded, is_tensor_expr, is_training_loop,
-    method_call, receiver, tensor_names, walk,
+    enclosing_loop, functions_and_module, is_modulo_guarded, is_training_loop, method_call, receiver, tensors,
+    unit_nodes,
 )
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
 
 SYNC_METHODS = {"item", "cpu", "numpy", "tolist", "nonzero"}
 ADVICE = {
@@ -21,7 +22,7 @@ ADVICE = {
 
 
 def _has_modulo(expr) -> bool:
-    return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in [expr, *walk(expr)])
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in [expr, *walk(expr)])
 
 
 class SyncInLoop(Rule):
@@ -158,71 +159,69 @@ class SyncInLoop(Rule):
         ),
     ]
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._scan(node)
+    def visit_Module(self, node: ast.Module) -> None:
+        for unit in functions_and_module(node):
+            self._scan(unit)
 
-    def visit_Module(self, node: cst.Module) -> None:
-        self._scan(node)
-
-    def _scan(self, scope_node) -> None:
-        loops = [n for n in walk(scope_node) if isinstance(n, (cst.For, cst.While)) and is_training_loop(n)]
+    def _scan(self, unit) -> None:
+        loops = [n for n in unit_nodes(unit) if isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and is_training_loop(n)]
         if not loops:
             return
-        tensors = tensor_names(self, scope_node)
+        t = tensors(self.ctx, unit)
         for loop in loops:
-            for n in walk(loop.body):
-                if enclosing_loop(self, n) is not loop:
-                    continue
-                hit = self._sync(n, tensors)
-                if hit and not is_modulo_guarded(self, n, loop):
-                    what, kind = hit
-                    self.report(n, f"{what} makes the host wait for the GPU in the training loop; {ADVICE[kind]}")
+            for stmt in loop.body:
+                for n in [stmt, *walk(stmt)]:
+                    if enclosing_loop(n) is not loop:
+                        continue
+                    hit = self._sync(n, t)
+                    if hit and not is_modulo_guarded(n, loop):
+                        what, kind = hit
+                        self.report(n, f"{what} makes the host wait for the GPU in the training loop; {ADVICE[kind]}")
 
-    def _sync(self, n, tensors):
-        if isinstance(n, cst.Call):
+    def _sync(self, n, t):
+        if isinstance(n, ast.Call):
             if method_call(n, *SYNC_METHODS):
-                attr = n.func.attr.value
+                attr = n.func.attr
                 rec = receiver(n)
                 if method_call(rec, *SYNC_METHODS):
                     return None  # the inner call of the chain is reported
-                if attr in ("tolist", "cpu", "numpy") and not (is_tensor_expr(self, rec, tensors) or attr == "cpu"):
+                if attr in ("tolist", "cpu", "numpy") and not (t.is_tensor(rec) or attr == "cpu"):
                     return None
-                if attr == "item" and n.args:
+                if attr == "item" and (n.args or n.keywords):
                     return None
                 return f"`.{attr}()`", attr
             names = self.qnames(n)
-            if names & {"torch.cuda.synchronize", "torch.cuda.current_stream().synchronize"}:
+            if names & {"torch.cuda.synchronize"}:
                 return "`torch.cuda.synchronize()`", "synchronize"
             if names & {"torch.nonzero"}:
                 return "`torch.nonzero()`", "nonzero"
             if names & {"builtins.print"}:
                 for a in n.args:
-                    if self._tensor_value(a.value, tensors):
+                    if self._tensor_value(a, t):
                         return "`print()` of a tensor", "print"
             if names & {"builtins.float", "builtins.int", "builtins.bool"} and len(n.args) == 1:
-                if self._tensor_value(n.args[0].value, tensors):
+                if self._tensor_value(n.args[0], t):
                     return f"`{dotted(n.func)}()` of a tensor", "cast"
-        if isinstance(n, (cst.If, cst.While)) and self._tensor_test(n.test, tensors):
-            return f"`{'if' if isinstance(n, cst.If) else 'while'}` on a tensor's value", "branch"
+        if isinstance(n, (ast.If, ast.While)) and self._tensor_test(n.test, t):
+            return f"`{'if' if isinstance(n, ast.If) else 'while'}` on a tensor's value", "branch"
         return None
 
-    def _tensor_value(self, expr, tensors) -> bool:
-        if isinstance(expr, cst.FormattedString):
-            return any(isinstance(p, cst.FormattedStringExpression) and self._tensor_value(p.expression, tensors)
-                       for p in expr.parts)
-        if isinstance(expr, cst.Call) and method_call(expr, *SYNC_METHODS):
+    def _tensor_value(self, expr, t) -> bool:
+        if isinstance(expr, ast.JoinedStr):
+            return any(isinstance(p, ast.FormattedValue) and self._tensor_value(p.value, t) for p in expr.values)
+        if isinstance(expr, ast.Call) and method_call(expr, *SYNC_METHODS):
             return False  # reported as the method call
-        return is_tensor_expr(self, expr, tensors)
+        return t.is_tensor(expr)
 
-    def _tensor_test(self, test, tensors) -> bool:
-        if isinstance(test, cst.Comparison):
-            if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in test.comparisons):
+    def _tensor_test(self, test, t) -> bool:
+        if isinstance(test, ast.Compare):
+            if any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in test.ops):
                 return False
-            return any(self._tensor_value(e, tensors) for e in [test.left, *(c.comparator for c in test.comparisons)])
-        if isinstance(test, cst.BooleanOperation):
-            if isinstance(test.operator, cst.And) and _has_modulo(test.left):
+            return any(self._tensor_value(e, t) for e in [test.left, *test.comparators])
+        if isinstance(test, ast.BoolOp):
+            if isinstance(test.op, ast.And) and _has_modulo(test.values[0]):
                 return False  # `step % N == 0 and loss > x` reads the tensor every N steps only
-            return self._tensor_test(test.left, tensors) or self._tensor_test(test.right, tensors)
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            return self._tensor_test(test.expression, tensors)
-        return self._tensor_value(test, tensors)
+            return any(self._tensor_test(v, t) for v in test.values)
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return self._tensor_test(test.operand, t)
+        return self._tensor_value(test, t)

@@ -1,7 +1,8 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import AUTOCAST, arg, autocast_dtype, walk
+from ampfix.analysis import AUTOCAST, arg, autocast_dtype
 from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import walk
 
 LAYERS = {"torch.nn.Linear": ("in_features", "out_features"), "torch.nn.Embedding": ("num_embeddings", "embedding_dim")}
 
@@ -39,15 +40,15 @@ class TensorCoreSizes(Rule):
     INVALID = [Invalid("import torch\nl = torch.nn.Linear(1000, 10)\nwith torch.autocast('cuda'):\n    y = l(x)\n",
                        message="10")]
 
-    def visit_Module(self, node: cst.Module) -> None:
-        calls = [n for n in walk(node, into_functions=True) if isinstance(n, cst.Call)]
-        if not any(self.qnames(c) & AUTOCAST and autocast_dtype(self, c) in (None, "float16") for c in calls):
+    def visit_Module(self, node: ast.Module) -> None:
+        calls = [n for n in walk(node, into_functions=True) if isinstance(n, ast.Call)]
+        if not any(self.qnames(c) & AUTOCAST and autocast_dtype(self.sem, c) in (None, "float16") for c in calls):
             return
         for c in calls:
             for layer, names in LAYERS.items():
                 if layer in self.qnames(c):
                     for i, kw in enumerate(names):
                         a = arg(c, kw, i)
-                        if a is not None and isinstance(a.value, cst.Integer) and a.value.evaluated_value % 8:
-                            self.report(a.value, f"{kw}={a.value.value} is not a multiple of 8: float16 tensor "
-                                                 "cores work on multiples of 8")
+                        if isinstance(a, ast.Constant) and type(a.value) is int and a.value % 8:
+                            self.report(a, f"{kw}={a.value} is not a multiple of 8: float16 tensor "
+                                           "cores work on multiples of 8")

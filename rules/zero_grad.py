@@ -1,14 +1,23 @@
-import libcst as cst
+import ast
 
-from ampfix.analysis import arg, dotted, kwarg, method_call, receiver
+from ampfix.analysis import arg, arg_node, is_const, method_call, receiver
 from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.semantic import dotted
 
 
 def _is_grad_zero(expr, var: str) -> bool:
     """``var.grad.zero_()`` or ``var.grad.data.zero_()``."""
-    if not method_call(expr, "zero_") or expr.args:
+    if not method_call(expr, "zero_") or expr.args or expr.keywords:
         return False
     return dotted(receiver(expr)) in (f"{var}.grad", f"{var}.grad.data")
+
+
+def _statements(block):
+    """Statements of a loop body, looking into if-blocks (not nested loops or functions)."""
+    for stmt in block:
+        yield stmt
+        if isinstance(stmt, ast.If):
+            yield from _statements(stmt.body)
 
 
 class ZeroGrad(Rule):
@@ -84,51 +93,37 @@ class ZeroGrad(Rule):
         ),
     ]
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def visit_Call(self, node: ast.Call) -> None:
         if not method_call(node, "zero_grad"):
             return
         modern = self.settings.torch_version >= (2, 0)
         a = arg(node, "set_to_none", 0)
         if a is None:
-            if modern or node.args:
+            if modern or node.args or node.keywords:
                 return
-            new_arg = kwarg("set_to_none", cst.Name("True"))
-            fix = Fix("zero_grad() -> zero_grad(set_to_none=True)",
-                      [(node, lambda u: u.with_changes(args=[new_arg]))])
+            fix = Fix("zero_grad() -> zero_grad(set_to_none=True)", [self.edits.insert_arg(node, "set_to_none=True")])
             self.report(node, "`zero_grad()` writes zeros on torch < 2.0; pass `set_to_none=True`", fix)
             return
-        if not (isinstance(a.value, cst.Name) and a.value.value == "False"):
+        if not is_const(a, False):
             return
-        if modern and len(node.args) == 1:
-            fix = Fix("zero_grad(set_to_none=False) -> zero_grad()", [(node, lambda u: u.with_changes(args=[]))])
+        if modern and len(node.args) + len(node.keywords) == 1:
+            fix = Fix("zero_grad(set_to_none=False) -> zero_grad()",
+                      [self.edits.remove_arg(node, arg_node(node, "set_to_none", 0))])
         else:
-            fix = Fix("set_to_none=False -> set_to_none=True",
-                      [(a.value, cst.Name("True"))])
+            fix = Fix("set_to_none=False -> set_to_none=True", [self.edits.replace(a, "True")])
         self.report(node, "`zero_grad(set_to_none=False)` writes zeros into every gradient; let it set them to None", fix)
 
-    def visit_For(self, node: cst.For) -> None:
+    def visit_For(self, node: ast.For) -> None:
         it = node.iter
-        if not (method_call(it, "parameters", "named_parameters")):
+        if not method_call(it, "parameters", "named_parameters"):
             return
         target = node.target
-        if method_call(it, "named_parameters") and isinstance(target, cst.Tuple) and len(target.elements) == 2:
-            target = target.elements[1].value
-        if not isinstance(target, cst.Name):
+        if method_call(it, "named_parameters") and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            target = target.elts[1]
+        if not isinstance(target, ast.Name):
             return
-        var = target.value
+        var = target.id
         for stmt in _statements(node.body):
-            if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-                continue
-            expr = stmt.body[0]
-            if isinstance(expr, cst.Expr) and _is_grad_zero(expr.value, var):
-                new = cst.parse_statement(f"{var}.grad = None\n").body[0]
-                fix = Fix(f"{var}.grad.zero_() -> {var}.grad = None", [(expr, new)])
-                self.report(expr.value, f"`{self.code_of(expr.value)}` writes zeros; set `{var}.grad = None` instead", fix)
-
-
-def _statements(block):
-    """Statements of a loop body, looking into if-blocks (not nested loops or functions)."""
-    for stmt in getattr(block, "body", ()):
-        yield stmt
-        if isinstance(stmt, cst.If):
-            yield from _statements(stmt.body)
+            if isinstance(stmt, ast.Expr) and _is_grad_zero(stmt.value, var):
+                fix = Fix(f"{var}.grad.zero_() -> {var}.grad = None", [self.edits.replace(stmt, f"{var}.grad = None")])
+                self.report(stmt.value, f"`{self.code_of(stmt.value)}` writes zeros; set `{var}.grad = None` instead", fix)

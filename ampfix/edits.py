@@ -1,0 +1,296 @@
+"""Text edits on a module's source: what a fix is made of.
+
+An :class:`Edit` replaces the text between two character offsets of the original text.
+A *region* edit transforms what it spans after the edits inside it were applied: it may keep
+only an inner part (``inner``: the body of an ``if`` or ``with`` that goes), re-indent it
+(``indent`` adds a prefix to every line, ``dedent`` removes one), and put text before and
+after it (a ``with ...:`` header).  Lines that begin inside a string are never re-indented.
+
+Edits either nest (a child lies inside its region's kept part) or do not touch; anything else
+is a :class:`Conflict`.  Everything outside the edits stays byte for byte what it was.
+
+:class:`Builder` makes edits from ``ast`` nodes of one :class:`~ampfix.source.Source`:
+replace a node, remove, insert around or wrap whole statements, unwrap a block.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from ampfix.source import Source, line_starts, string_lines
+
+
+class Conflict(Exception):
+    """Two edits overlap without nesting, or a statement cannot be edited as asked."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    start: int
+    end: int
+    text: str = ""
+    region: bool = False
+    inner: Optional[Tuple[int, int]] = None
+    indent: str = ""
+    dedent: str = ""
+    before: str = ""
+    after: str = ""
+
+    @property
+    def keep(self) -> Tuple[int, int]:
+        return self.inner if self.inner is not None else (self.start, self.end)
+
+
+def _sort_key(e: Edit):
+    # outer regions before what they contain; insertions before a replacement at the same place
+    return (e.start, -(e.end - e.start), 0 if e.region else 1)
+
+
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    """The text with every edit applied; Conflict when two edits overlap without nesting."""
+    unique = sorted(set(edits), key=_sort_key)
+    return _render(text, 0, len(text), unique)
+
+
+def _render(text: str, lo: int, hi: int, edits: Sequence[Edit]) -> str:
+    out: List[str] = []
+    pos = lo
+    i = 0
+    n = len(edits)
+    while i < n:
+        e = edits[i]
+        if e.start < pos:
+            raise Conflict(f"edits overlap at offset {e.start}")
+        # the edits this one contains (regions only) are the next ones that lie inside it
+        j = i + 1
+        children: List[Edit] = []
+        if e.region:
+            k_lo, k_hi = e.keep
+            while j < n and edits[j].start < e.end and not (edits[j].start == e.end == edits[j].end):
+                c = edits[j]
+                if c.end > e.end:
+                    raise Conflict(f"edits overlap at offset {c.start}")
+                if c.start < k_lo or c.end > k_hi:
+                    if c.end <= k_lo or c.start >= k_hi:
+                        j += 1  # inside the part the region drops
+                        continue
+                    raise Conflict(f"an edit crosses the kept part of a region at offset {c.start}")
+                children.append(c)
+                j += 1
+        elif e.start == e.end:
+            pass
+        out.append(text[pos:e.start])
+        if e.region:
+            k_lo, k_hi = e.keep
+            body = _render(text, k_lo, k_hi, children)
+            out.append(e.before + reindent(body, e.indent, e.dedent) + e.after)
+        else:
+            out.append(e.text)
+        pos = max(pos, e.end)
+        i = j
+    out.append(text[pos:hi])
+    return "".join(out)
+
+
+def reindent(body: str, indent: str = "", dedent: str = "") -> str:
+    """Add ``indent`` to / remove ``dedent`` from the start of every line of ``body`` that has
+    code or a comment, except lines that begin inside a string."""
+    if not indent and not dedent:
+        return body
+    starts = line_starts(body)
+    inside = string_lines(body)
+    out = []
+    for no, (a, b) in enumerate(zip(starts, [*starts[1:], len(body)]), start=1):
+        line = body[a:b]
+        if not line:
+            continue
+        if no in inside or not line.strip():
+            out.append(line)
+            continue
+        if dedent:
+            if line.startswith(dedent):
+                line = line[len(dedent):]
+            else:  # a comment (or a bracket continuation) indented less: as far as it goes
+                strip = len(line) - len(line.lstrip(" \t"))
+                line = line[min(strip, len(dedent)):]
+        out.append(indent + line)
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------------ building edits
+def statements_text(lines: Sequence[str], indent: str, newline: str = "\n") -> str:
+    """Statement lines (relative indentation inside) at ``indent``, each ending in newline."""
+    out = []
+    for code in lines:
+        for ln in code.split("\n"):
+            out.append((indent + ln if ln.strip() else ln.rstrip()) + newline)
+    return "".join(out)
+
+
+class Builder:
+    """Edits of one source, made from its ``ast`` nodes."""
+
+    def __init__(self, src: Source) -> None:
+        self.src = src
+        self.nl = src.newline()
+
+    # -- positions ---------------------------------------------------------------------------
+    def span(self, node) -> Tuple[int, int]:
+        return self.src.span(node)
+
+    def first_line(self, stmt) -> int:
+        """A statement's first line, its decorators included."""
+        decos = getattr(stmt, "decorator_list", None)
+        return min([stmt.lineno, *(d.lineno for d in decos)]) if decos else stmt.lineno
+
+    def own_lines(self, stmt) -> bool:
+        """Whether the statement has its lines to itself (no ``a; b``, no ``if x: y``)."""
+        src = self.src
+        first = self.first_line(stmt)
+        start_col = src.char_col(stmt.lineno, stmt.col_offset) if first == stmt.lineno else None
+        if start_col is not None and src.line_text(first)[:start_col].strip():
+            return False
+        end_col = src.char_col(stmt.end_lineno, stmt.end_col_offset)
+        rest = src.line_text(stmt.end_lineno)[end_col:].strip()
+        return not rest or rest.startswith("#")
+
+    def lines_span(self, first_stmt, last_stmt=None) -> Tuple[int, int]:
+        """From the start of the first statement's first line to past the last one's line end."""
+        last_stmt = last_stmt or first_stmt
+        for s in {id(first_stmt): first_stmt, id(last_stmt): last_stmt}.values():
+            if not self.own_lines(s):
+                raise Conflict(f"line {s.lineno} holds more than one statement")
+        return self.src.starts[self.first_line(first_stmt) - 1], self.src.line_end(last_stmt.end_lineno)
+
+    def indent(self, stmt) -> str:
+        return self.src.indent_of(self.first_line(stmt))
+
+    def unit(self, stmt=None) -> str:
+        """One level of indentation as this file writes it."""
+        src = self.src
+        if stmt is not None:
+            body = getattr(stmt, "body", None)
+            if isinstance(body, list) and body and body[0].lineno > stmt.lineno:
+                a, b = src.indent_of(self.first_line(body[0])), src.indent_of(self.first_line(stmt))
+                if a.startswith(b) and len(a) > len(b):
+                    return a[len(b):]
+        for no in range(1, src.line_count + 1):
+            line = src.line_text(no)
+            if line[:1] in (" ", "\t") and line.strip() and not line.lstrip().startswith("#"):
+                ind = line[: len(line) - len(line.lstrip(" \t"))]
+                return "\t" if ind.startswith("\t") else " " * min(len(ind), 4) if len(ind) < 4 else "    "
+        return "    "
+
+    # -- edits -------------------------------------------------------------------------------
+    def replace(self, node, text: str) -> Edit:
+        a, b = self.span(node)
+        return Edit(a, b, text)
+
+    def replace_range(self, start: int, end: int, text: str) -> Edit:
+        return Edit(start, end, text)
+
+    def statements(self, lines: Sequence[str], indent: str) -> str:
+        return statements_text(lines, indent, self.nl)
+
+    def replace_statement(self, stmt, lines: Sequence[str]) -> Edit:
+        """The statement's lines become ``lines`` (code at relative indentation), at its indentation."""
+        a, b = self.lines_span(stmt)
+        return Edit(a, b, self.statements(lines, self.indent(stmt)))
+
+    def remove_statement(self, stmt) -> Edit:
+        a, b = self.lines_span(stmt)
+        return Edit(a, b, "")
+
+    def insert_before(self, stmt, lines: Sequence[str]) -> Edit:
+        a = self.src.starts[self.first_line(stmt) - 1]
+        return Edit(a, a, self.statements(lines, self.indent(stmt)))
+
+    def insert_after(self, stmt, lines: Sequence[str], indent: Optional[str] = None) -> Edit:
+        b = self.src.line_end(stmt.end_lineno)
+        text = self.statements(lines, self.indent(stmt) if indent is None else indent)
+        if b == len(self.src.text) and self.src.text and not self.src.text.endswith(("\n", "\r")):
+            text = self.nl + text
+        return Edit(b, b, text)
+
+    def wrap(self, first, last, header: str, unit: Optional[str] = None) -> Edit:
+        """``header:`` (e.g. ``with torch.autocast(...)``) around the statements first..last
+        of one block, which move one level in."""
+        a, b = self.lines_span(first, last)
+        unit = unit or self.unit()
+        return Edit(a, b, region=True, indent=unit, before=f"{self.indent(first)}{header}:{self.nl}")
+
+    def unwrap(self, compound, body: Sequence[ast.stmt], unit: Optional[str] = None) -> Edit:
+        """The compound statement (if/with/try) is replaced by ``body`` (a run of its own
+        statements), one level out."""
+        if not body:
+            raise Conflict("nothing to keep")
+        if body[0].lineno == compound.lineno:
+            raise Conflict(f"line {compound.lineno}: the block is on the header's line")
+        a, b = self.lines_span(compound)
+        ia = self.src.starts[self.first_line(body[0]) - 1]
+        # comments right above the first kept statement come along
+        ia = self._comments_above(body[0], ia, a)
+        ib = self.src.line_end(body[-1].end_lineno)
+        for s in (body[0], body[-1]):
+            if not self.own_lines(s):
+                raise Conflict(f"line {s.lineno} holds more than one statement")
+        ind_c, ind_b = self.indent(compound), self.indent(body[0])
+        if not ind_b.startswith(ind_c) or ind_b == ind_c:
+            raise Conflict(f"line {body[0].lineno}: unexpected indentation")
+        return Edit(a, b, region=True, inner=(ia, ib), dedent=unit or ind_b[len(ind_c):])
+
+    # -- call arguments ----------------------------------------------------------------------
+    def open_paren(self, call) -> int:
+        """Offset just after the ``(`` of a call."""
+        text = self.src.text
+        i = self.span(call.func)[1]
+        while i < len(text):
+            c = text[i]
+            if c == "(":
+                return i + 1
+            if c == "#":
+                while i < len(text) and text[i] not in "\r\n":
+                    i += 1
+                continue
+            i += 1
+        raise Conflict(f"line {call.lineno}: no '(' after the function")
+
+    def args_of(self, call) -> List[ast.AST]:
+        return sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
+
+    def insert_arg(self, call, text: str, first: bool = False) -> Edit:
+        """``text`` (``"cuda"`` or ``device=x``) as the call's first or last argument."""
+        args = self.args_of(call)
+        if not args:
+            p = self.open_paren(call)
+            return Edit(p, p, text)
+        if first:
+            a = self.span(args[0])[0]
+            return Edit(a, a, text + ", ")
+        b = self.span(args[-1])[1]
+        return Edit(b, b, ", " + text)
+
+    def remove_arg(self, call, node) -> Edit:
+        """Remove one argument and the comma that separates it from its neighbour."""
+        args = self.args_of(call)
+        i = next(k for k, a in enumerate(args) if a is node)
+        a, b = self.span(node)
+        if len(args) == 1:
+            end = self.src.offset(call.end_lineno, call.end_col_offset) - 1  # the ')'
+            return Edit(self.open_paren(call), end, "")
+        if i + 1 < len(args):
+            return Edit(a, self.span(args[i + 1])[0], "")
+        return Edit(self.span(args[i - 1])[1], b, "")
+
+    def _comments_above(self, stmt, start: int, floor: int) -> int:
+        """Extend ``start`` upwards over comment lines directly above ``stmt`` (not past floor)."""
+        src = self.src
+        line = self.first_line(stmt) - 1
+        while line >= 1 and src.starts[line - 1] > floor:
+            t = src.line_text(line).strip()
+            if not t.startswith("#"):
+                break
+            start = src.starts[line - 1]
+            line -= 1
+        return start

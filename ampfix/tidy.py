@@ -1,0 +1,291 @@
+"""Removing statements and imports without leaving debris, and adding the imports fixes need.
+
+Removing the last statement of a block removes what owned the block where that is safe: an
+``if`` with no ``else`` whose test has no side effects, a ``try`` whose body can no longer
+fail (its handlers are dead code then).  A function, loop or ``with`` keeps a ``pass``.  No
+``try: pass`` or ``if x: pass`` is ever left.
+
+A ``try`` whose handlers bind a name that the rest of the module still reads, and that nothing
+else binds, is not removed: :class:`~ampfix.edits.Conflict` says why.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, Iterable, List, Optional, Sequence, Set
+
+from ampfix.edits import Builder, Conflict, Edit, apply_edits
+from ampfix.semantic import Model, block_of, walk
+from ampfix.source import Source
+
+PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
+
+
+def pure(expr) -> bool:
+    """An expression with no calls (safe to drop with the ``if`` it tests)."""
+    return all(not isinstance(n, (ast.Call, ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom))
+               for n in [expr, *walk(expr)])
+
+
+def names_bound(stmts: Iterable[ast.stmt]) -> Set[str]:
+    out: Set[str] = set()
+    for s in stmts:
+        for n in [s, *walk(s)]:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                out.add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in n.names if a.name != "*")
+    return out
+
+
+class Remover:
+    """Plans the removal of statements of one module, cascading to blocks left empty."""
+
+    def __init__(self, src: Source, model: Model, builder: Optional[Builder] = None) -> None:
+        self.src = src
+        self.sem = model
+        self.b = builder or Builder(src)
+        self.gone: Dict[int, ast.stmt] = {}  # id -> statement removed (with what it contains)
+
+    def removed(self, node) -> bool:
+        """Whether ``node`` lies in a statement already planned for removal."""
+        n = node
+        while n is not None:
+            if id(n) in self.gone:
+                return True
+            n = getattr(n, "_p", None)
+        return False
+
+    def remove(self, stmts: Sequence[ast.stmt]) -> List[Edit]:
+        edits: List[Edit] = []
+        for s in stmts:
+            self.gone[id(s)] = s
+        # the topmost statements removed; blocks left empty take their owner along
+        changed = True
+        while changed:
+            changed = False
+            for s in list(self.gone.values()):
+                owner, field, block = block_of(s)
+                if owner is None or isinstance(owner, ast.Module) or id(owner) in self.gone:
+                    continue
+                if all(id(x) in self.gone for x in block) and self._owner_goes(owner, field):
+                    self.gone[id(owner)] = owner
+                    changed = True
+        tops = [s for s in self.gone.values() if not self._inside_gone(s)]
+        blocks: Dict[tuple, List[ast.stmt]] = {}
+        for s in tops:
+            owner, field, block = block_of(s)
+            blocks.setdefault((id(owner), field), []).append(s)
+        for (_, field), removed in blocks.items():
+            owner, _, block = block_of(removed[0])
+            removed.sort(key=lambda s: (s.lineno, s.col_offset))
+            if field in ("orelse", "finalbody") and len(removed) == len(block) and owner is not None:
+                edits.append(self._clause(owner, block, "else" if field == "orelse" else "finally"))
+                continue
+            if owner is not None and not isinstance(owner, ast.Module) and len(removed) == len(block):
+                # an emptied block that must stay: one `pass` in place of its first statement
+                edits.append(self.b.replace_statement(removed[0], ["pass"]))
+                removed = removed[1:]
+            edits.extend(self.b.remove_statement(s) for s in removed)
+        return edits
+
+    def _clause(self, owner, block, keyword: str) -> Edit:
+        """Remove an ``else:`` / ``elif ...:`` / ``finally:`` clause whose statements all go."""
+        src = self.src
+        first = block[0]
+        if keyword == "else" and isinstance(owner, ast.If) and isinstance(first, ast.If) and \
+                src.line_text(first.lineno).lstrip().startswith("elif"):
+            start_line = first.lineno
+        else:
+            start_line = None
+            for no in range(self.b.first_line(first) - 1, 0, -1):
+                t = src.line_text(no).lstrip()
+                if t.startswith(keyword) and t[len(keyword):].lstrip().startswith(":"):
+                    start_line = no
+                    break
+            if start_line is None:
+                raise Conflict(f"cannot find the `{keyword}:` above line {first.lineno}")
+        if not self.b.own_lines(block[-1]):
+            raise Conflict(f"line {block[-1].lineno} holds more than one statement")
+        return Edit(src.starts[start_line - 1], src.line_end(block[-1].end_lineno), "")
+
+    def _inside_gone(self, s) -> bool:
+        p = getattr(s, "_p", None)
+        while p is not None:
+            if id(p) in self.gone:
+                return True
+            p = getattr(p, "_p", None)
+        return False
+
+    def _owner_goes(self, owner, field: str) -> bool:
+        if isinstance(owner, ast.If):
+            return field == "body" and not owner.orelse and pure(owner.test)
+        if isinstance(owner, ast.Try) or type(owner).__name__ == "TryStar":
+            if field != "body" or owner.orelse or owner.finalbody:
+                return False
+            self._check_handlers(owner)
+            return True
+        return False
+
+    def _check_handlers(self, t) -> None:
+        """The handlers of a try that goes are dead code: what they bind must not be read
+        elsewhere with no other binding."""
+        bound = names_bound(h_s for h in t.handlers for h_s in h.body) | {h.name for h in t.handlers if h.name}
+        if not bound:
+            return
+        inside = {id(n) for n in walk(t, into_functions=True)}
+        elsewhere_bound = set()
+        for n in walk(self.sem.tree, into_functions=True):
+            if id(n) in inside or self.removed(n):
+                continue
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                elsewhere_bound.add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                elsewhere_bound.add(n.name)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                elsewhere_bound |= names_bound([n])
+        for n in walk(self.sem.tree, into_functions=True):
+            if (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in bound
+                    and n.id not in elsewhere_bound and id(n) not in inside and not self.removed(n)):
+                raise Conflict(f"the `except` at line {t.handlers[0].lineno} sets `{n.id}`, which line {n.lineno} "
+                               f"still reads; it would be left undefined")
+
+
+# ------------------------------------------------------------------------------ imports
+def _alias_matches(stmt, alias, spec) -> bool:
+    if isinstance(stmt, ast.Import):
+        return spec.obj is None and alias.name == spec.module and (alias.asname or None) == spec.asname
+    if stmt.level or stmt.module != spec.module:
+        return False
+    return alias.name == spec.obj and (alias.asname or None) == spec.asname
+
+
+def used_names(model: Model, exclude: Set[int] = frozenset()) -> Dict[str, List[ast.Name]]:
+    out: Dict[str, List[ast.Name]] = {}
+    for n in walk(model.tree, into_functions=True):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store) and id(n) not in exclude:
+            out.setdefault(n.id, []).append(n)
+    return out
+
+
+def removal_of_unused(src: Source, model: Model, specs: Iterable, builder: Optional[Builder] = None,
+                      remover: Optional[Remover] = None) -> List[Edit]:
+    """Edits removing the imports ``specs`` that the module no longer reads."""
+    specs = list(dict.fromkeys(specs))
+    if not specs:
+        return []
+    b = builder or Builder(src)
+    remover = remover or Remover(src, model, b)
+    uses = used_names(model)
+    whole: List[ast.stmt] = []
+    edits: List[Edit] = []
+    for stmt in model.imports:
+        keep, drop = [], []
+        for alias in stmt.names:
+            bound = (alias.asname or alias.name).split(".")[0]
+            spec = next((sp for sp in specs if _alias_matches(stmt, alias, sp)), None)
+            if spec is not None and not _read_through(model, stmt, bound, uses):
+                drop.append(alias)
+            else:
+                keep.append(alias)
+        if not drop:
+            continue
+        if not keep:
+            whole.append(stmt)
+        else:
+            edits.append(b.replace(stmt, _import_text(stmt, keep)))
+    return edits + remover.remove(whole) if whole else edits
+
+
+def _read_through(model: Model, stmt, bound: str, uses) -> bool:
+    """Whether a read of ``bound`` resolves to the binding this import statement makes."""
+    for n in uses.get(bound, ()):
+        for b in model.bindings_of(n):
+            if b.node is stmt:
+                return True
+    return False
+
+
+def _import_text(stmt, aliases) -> str:
+    names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in aliases)
+    if isinstance(stmt, ast.Import):
+        return f"import {names}"
+    return f"from {'.' * stmt.level}{stmt.module or ''} import {names}"
+
+
+def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Builder] = None) -> List[Edit]:
+    """Edits adding ``import X`` / ``from X import Y`` where the module lacks them: after the
+    imports at the top of the module (after its docstring and ``__future__`` imports), with a
+    blank line before the code that follows."""
+    b = builder or Builder(src)
+    tree = model.tree
+    need = []
+    for spec in dict.fromkeys(specs):
+        bound = spec.asname or (spec.obj if spec.obj else spec.module.split(".")[0])
+        q = f"{spec.module}.{spec.obj}" if spec.obj else (spec.module if spec.asname else spec.module.split(".")[0])
+        have = model.module_scope.bindings.get(bound, [])
+        if any(bd.kind == "import" and bd.qname == q and isinstance(bd.node._p, ast.Module) for bd in have):
+            continue
+        need.append(spec)
+    if not need:
+        return []
+    lines = []
+    for spec in need:
+        if spec.obj is None:
+            lines.append(f"import {spec.module}" + (f" as {spec.asname}" if spec.asname else ""))
+        else:
+            lines.append(f"from {spec.module} import {spec.obj}" + (f" as {spec.asname}" if spec.asname else ""))
+    body = tree.body
+    i = 0
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        i = 1
+    last = None
+    while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom)):
+        last = body[i]
+        i += 1
+    nl = b.nl
+    text = "".join(line + nl for line in lines)
+    if last is not None:
+        at = src.line_end(last.end_lineno)
+        if at == len(src.text) and not src.text.endswith(("\n", "\r")):
+            text = nl + text
+    elif i == 1:  # after the docstring
+        at = src.line_end(body[0].end_lineno)
+    else:
+        at = 0
+        # keep a shebang and an encoding declaration first
+        for no in (1, 2):
+            if no <= src.line_count and src.line_text(no).startswith("#") and (
+                    no == 1 and src.line_text(1).startswith("#!") or "coding" in src.line_text(no)):
+                at = src.line_end(no)
+    following = src.text[at:]
+    nxt = following.lstrip(" \t")
+    if following and not following.startswith(("\n", "\r")) and i < len(body) and not (
+            at == src.starts[body[i].lineno - 1] and isinstance(body[i], (ast.Import, ast.ImportFrom))):
+        text += nl
+    elif last is None and i == 1 and nxt and not following.startswith(("\n", "\r")):
+        text += nl
+    return [Edit(at, at, text)]
+
+
+def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=None) -> str:
+    """Apply import additions and removals to ``text`` (the result of a round of fixes)."""
+    if not adds and not removes:
+        return text
+    src = Source(text.encode("utf-8"), path, text=text)
+    src.parse()
+    model = Model(src.tree, star_exports)
+    b = Builder(src)
+    edits = removal_of_unused(src, model, removes, b) if removes else []
+    out = apply_edits(text, edits) if edits else text
+    if adds:
+        if edits:
+            src = Source(out.encode("utf-8"), path, text=out)
+            src.parse()
+            model = Model(src.tree, star_exports)
+            b = Builder(src)
+        add = addition_of(src, model, adds, b)
+        out = apply_edits(out, add) if add else out
+    return out
