@@ -43,8 +43,9 @@ class Edit:
 
 
 def _sort_key(e: Edit):
-    # outer regions before what they contain; insertions before a replacement at the same place
-    return (e.start, -(e.end - e.start), 0 if e.region else 1)
+    # insertions first where something starts (they go before it, outside a region that starts
+    # there); then outer regions before what they contain
+    return (e.start, 0 if e.start == e.end else 1, -(e.end - e.start), 0 if e.region else 1, e.text)
 
 
 def apply_edits(text: str, edits: Iterable[Edit]) -> str:
@@ -199,7 +200,16 @@ class Builder:
         return Edit(a, b, self.statements(lines, self.indent(stmt)))
 
     def remove_statement(self, stmt) -> Edit:
+        """Remove a statement's lines and the blank lines right above it (as a statement's
+        leading blank lines go with it), so that no gap is left doubled."""
         a, b = self.lines_span(stmt)
+        line = self.first_line(stmt) - 1
+        src = self.src
+        while line >= 1 and not src.line_text(line).strip():
+            a = src.starts[line - 1]
+            line -= 1
+        if line == 0:  # at the top of the file: keep the text starting where it did
+            a = src.starts[self.first_line(stmt) - 1]
         return Edit(a, b, "")
 
     def insert_before(self, stmt, lines: Sequence[str]) -> Edit:
@@ -255,6 +265,15 @@ class Builder:
                 continue
             i += 1
         raise Conflict(f"line {call.lineno}: no '(' after the function")
+
+    def open_paren_def(self, fn) -> int:
+        """Offset just after the ``(`` of a def's parameters."""
+        text = self.src.text
+        i = self.src.offset(fn.lineno, fn.col_offset)
+        j = text.find("(", text.find(fn.name, i) + len(fn.name))
+        if j < 0:
+            raise Conflict(f"line {fn.lineno}: no '(' after the name")
+        return j + 1
 
     def args_of(self, call) -> List[ast.AST]:
         return sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))

@@ -171,13 +171,13 @@ def _dispatch(ctx: Context, rules: Sequence[type]) -> List[Report]:
     return [rep for rule in instances for rep in rule.reports]
 
 
-def analyse(src: Source, rules: Sequence[type], settings: Settings, project=None) -> Tuple[Context, List[Report]]:
-    """Run the rules over a parsed source."""
+def analyse(src: Source, rules: Sequence[type], settings: Settings, plan=None) -> Tuple[Context, List[Report]]:
+    """Run the rules over a parsed source (``plan``: what project planners decided for it)."""
     from ampfix.analysis import STAR_EXPORTS
 
     collect = {t for r in rules for t in r.visited_types()}
     model = Model(src.tree, STAR_EXPORTS, collect)
-    ctx = Context(src, model, settings, project)
+    ctx = Context(src, model, settings, plan)
     return ctx, _dispatch(ctx, rules)
 
 
@@ -246,7 +246,7 @@ def _parses(text: str) -> bool:
 
 
 def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Optional[str] = None,
-               project=None, allowed_groups=None) -> FileResult:
+               plan=None, allowed_groups=None) -> FileResult:
     """Lint (and with ``fix`` = "safe" or "unsafe", fix) one decoded source."""
     path = src.path
     result = FileResult(path=path)
@@ -255,6 +255,9 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
     except SourceError as exc:
         return _source_error(path, exc)
     active = active_rules(src.text, rules)
+    if plan:
+        # the rules that own a plan run where it says something, whatever the file's text
+        active += [r for r in rules if getattr(r, "planner", None) is not None and r not in active]
     if not active:
         if fix:
             result.original = result.fixed = src.text
@@ -266,8 +269,8 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
     original = src.text
     failed: List[Tuple[Fix, str]] = []
     seen_failed = set()
-    for _ in range(MAX_PASSES):
-        ctx, reports = analyse(src, active, settings, project)
+    for n_pass in range(MAX_PASSES):
+        ctx, reports = analyse(src, active, settings, plan if n_pass == 0 or not plan else plan.without_fixes())
         reports = [r for r in reports if not sup.suppressed(r.line, r.rule.code)]
         if not fix:
             break
@@ -329,8 +332,9 @@ def _try_apply(text: str, path: str, chosen: List[Fix], failed, seen_failed, rep
 
 
 def check_source(data: bytes, path: str, rules: Sequence[type], settings: Settings, fix: Optional[str] = None,
-                 project=None) -> FileResult:
-    """Lint (and maybe fix) one file's bytes; the file is a project of its own unless one is given."""
+                 plan=None, allowed_groups=None) -> FileResult:
+    """Lint (and maybe fix) one file's bytes.  ``plan``: the FilePlan that project planners made
+    for it; None plans the file as a project of its own; False plans nothing."""
     if len(data) > settings.max_file_size:
         return error_result(path, f"skipped: {len(data) // 1024} KiB is more than max-file-size "
                                   f"({settings.max_file_size // 1024} KiB)")
@@ -338,11 +342,28 @@ def check_source(data: bytes, path: str, rules: Sequence[type], settings: Settin
         src = Source(data, path)
     except SourceError as exc:
         return _source_error(path, exc)
-    if project is None:
-        from ampfix.project import Project
+    return run_deep(_check_one, src, rules, settings, fix, plan, allowed_groups)
 
-        project = Project.single(src, rules, settings)
-    return run_deep(check_text, src, rules, settings, fix, project, project.allowed_groups)
+
+def _check_one(src, rules, settings, fix, plan, allowed_groups):
+    if plan is None:
+        from ampfix.plan import planners_of
+
+        planners = planners_of(rules)
+        if planners and "apex" in src.text:
+            from ampfix.project import Project
+
+            try:
+                src.parse()
+            except SourceError as exc:
+                return _source_error(src.path, exc)
+            project = Project.single(src, rules, settings)
+            plan = None
+            for planner in planners:
+                fp = planner(project).get(src.path)
+                if fp is not None:
+                    plan = fp if plan is None else plan.merged(fp)
+    return check_text(src, rules, settings, fix, plan or None, allowed_groups)
 
 
 # --------------------------------------------------------------------------- many files
@@ -367,7 +388,7 @@ def _work(args) -> FileResult:
     if data is None:
         return error_result(path, err)
     try:
-        return check_source(data, path, rules, settings, fix, project=plan)
+        return check_source(data, path, rules, settings, fix, plan=plan if plan is not None else False)
     except FixError as exc:
         return error_result(path, str(exc))
 
@@ -379,10 +400,13 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
     import os
     from concurrent.futures import ProcessPoolExecutor
 
+    from ampfix.plan import planners_of
     from ampfix.project import plan_projects
+    from ampfix.registry import rules_by_code
 
     jobs = [(p, tuple(codes)) for p, codes in jobs]
-    plans = plan_projects(jobs, settings, fix)
+    planners = planners_of(rules_by_code()[c] for c in sorted({c for _, codes in jobs for c in codes}))
+    plans = plan_projects(jobs, settings, planners)
     tasks = [(p, codes, settings, fix, plans.get(p)) for p, codes in jobs]
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(tasks) < PARALLEL_THRESHOLD:

@@ -1,20 +1,361 @@
-"""The project: the modules one run looks at together (stub; the planner fills it in)."""
+"""The project: the modules one run looks at together, and how they call each other.
+
+A migration that spans functions and modules (``amp.initialize`` in a launcher, the loss
+scaled in an engine module that receives the model and optimizer) is planned over a
+:class:`Project`: the files given, plus the modules of the same tree that they import (read
+only: a plan that must edit one of those is refused, and says so).
+
+Modules are named the way Python would import them: from each file's folder (a script's
+``sys.path[0]``), from the folder above its package (``__init__.py`` chains), and from the
+project root.  A call is resolved to a function of the project when its name is bound by a
+``def``, an import of a project module, ``self.method`` in a class, or a local bound to an
+instance of a project class.
+"""
 from __future__ import annotations
 
-from typing import Dict, Optional, Set
+import ast
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from ampfix.semantic import Model, dotted, walk
+from ampfix.source import Source, SourceError
+
+FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+class Function:
+    """A function or method of a project module."""
+
+    def __init__(self, module: "Module", node, qualname: str, cls=None, outer=None) -> None:
+        self.module = module
+        self.node = node
+        self.qualname = qualname
+        self.cls = cls  # the ClassDef it is a method of
+        self.outer = outer  # the Function it is nested in (a closure)
+        a = node.args
+        self.positional = [x.arg for x in (*getattr(a, "posonlyargs", []), *a.args)]
+        self.kwonly = [x.arg for x in a.kwonlyargs]
+        self.vararg = a.vararg.arg if a.vararg else None
+        self.kwarg = a.kwarg.arg if a.kwarg else None
+
+    @property
+    def is_method(self) -> bool:
+        return self.cls is not None and bool(self.positional) and not any(
+            dotted(d) in ("staticmethod", "classmethod") for d in self.node.decorator_list)
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"<{self.module.name or self.module.path}:{self.qualname}>"
+
+
+class CallSite:
+    """A call of a project function: ``node`` (ast.Call) in ``caller`` (None at module level)."""
+
+    def __init__(self, node: ast.Call, module: "Module", caller: Optional[Function], callee: Function,
+                 bound_self: bool) -> None:
+        self.node = node
+        self.module = module
+        self.caller = caller
+        self.callee = callee
+        self.bound_self = bound_self  # self.m(...) / obj.m(...): the first parameter is implicit
+
+    def argument(self, param: str) -> Optional[ast.expr]:
+        """The expression this call passes for ``param`` (None if none or unknowable)."""
+        call, f = self.node, self.callee
+        for k in call.keywords:
+            if k.arg == param:
+                return k.value
+        pos = f.positional[1:] if self.bound_self or (f.is_method and f.qualname.endswith(".__init__")) else f.positional
+        for i, a in enumerate(call.args):
+            if isinstance(a, ast.Starred):
+                return None
+            if i < len(pos) and pos[i] == param:
+                return a
+        return None
+
+
+class Module:
+    def __init__(self, path: str, src: Source, editable: bool = True) -> None:
+        self.path = path
+        self.src = src
+        self.editable = editable
+        self.name: Optional[str] = None  # dotted import name, when known
+        self.names: Set[str] = set()  # every name it can be imported as
+        self._sem: Optional[Model] = None
+        self.functions: Dict[str, Function] = {}
+        self.classes: Dict[str, ast.ClassDef] = {}
+        self._indexed = False
+
+    @property
+    def tree(self) -> ast.Module:
+        return self.src.tree
+
+    @property
+    def sem(self) -> Model:
+        if self._sem is None:
+            from ampfix.analysis import STAR_EXPORTS
+
+            self._sem = Model(self.src.tree, STAR_EXPORTS)
+        return self._sem
+
+    def index(self) -> None:
+        if self._indexed:
+            return
+        self._indexed = True
+        self.sem  # parents and scopes
+
+        def visit(body, prefix, cls, outer):
+            for n in body:
+                if isinstance(n, FUNC):
+                    q = f"{prefix}{n.name}"
+                    f = Function(self, n, q, cls, outer)
+                    self.functions[q] = f
+                    visit(n.body, q + ".<locals>.", None, f)
+                elif isinstance(n, ast.ClassDef):
+                    q = f"{prefix}{n.name}"
+                    self.classes[q] = n
+                    visit(n.body, q + ".", n, outer)
+                else:
+                    for field in ("body", "orelse", "finalbody"):
+                        sub = getattr(n, field, None)
+                        if isinstance(sub, list):
+                            visit(sub, prefix, cls, outer)
+                    for h in getattr(n, "handlers", ()) or ():
+                        visit(h.body, prefix, cls, outer)
+
+        visit(self.tree.body, "", None, None)
+        self.by_node = {id(f.node): f for f in self.functions.values()}
+
+    def function_of(self, node) -> Optional[Function]:
+        """The innermost project function holding ``node``."""
+        self.index()
+        p = node if isinstance(node, FUNC) else getattr(node, "_p", None)
+        while p is not None:
+            if isinstance(p, FUNC):
+                return self.by_node.get(id(p))
+            p = getattr(p, "_p", None)
+        return None
+
+
+def _package_root(path: Path) -> Tuple[Path, List[str]]:
+    """(folder above the top package, [package, ..., module]) for a file."""
+    parts = [path.stem] if path.name != "__init__.py" else []
+    d = path.parent
+    while (d / "__init__.py").is_file():
+        parts.insert(0, d.name)
+        d = d.parent
+    return d, parts
 
 
 class Project:
-    def __init__(self, sources: Dict[str, object], settings, rules=()) -> None:
-        self.sources = sources
+    """Modules read together.  ``sources`` maps path -> Source (parsed or not)."""
+
+    def __init__(self, sources: Dict[str, Source], settings, rules=(), root: Optional[Path] = None,
+                 load_more: bool = True, given: Iterable[str] = ()) -> None:
         self.settings = settings
+        #: files named for this run (editable when loaded on demand): resolved path -> path as named
+        self.given = {str(Path(p).resolve()): p for p in given}
         self.rules = rules
+        self.root = root
+        self.load_more = load_more
         self.allowed_groups: Optional[Set[str]] = None
+        self.modules: Dict[str, Module] = {}
+        self.by_name: Dict[str, Module] = {}
+        self.roots: List[Path] = []
         self._plans: Dict[object, object] = {}
+        self._calls: Optional[Dict[int, List[CallSite]]] = None
+        self._refs: Dict[int, List[ast.AST]] = {}
+        for path, src in sources.items():
+            self._add(path, src, editable=True)
 
     @classmethod
-    def single(cls, src, rules, settings) -> "Project":
-        return cls({src.path: src}, settings, rules)
+    def single(cls, src: Source, rules, settings) -> "Project":
+        return cls({src.path: src}, settings, rules, load_more=False)
+
+    # -- modules -----------------------------------------------------------------------------
+    def _add(self, path: str, src: Source, editable: bool) -> Optional[Module]:
+        if src.tree is None:
+            try:
+                src.parse()
+            except SourceError:
+                return None
+        m = Module(path, src, editable)
+        self.modules[path] = m
+        p = Path(path)
+        if p.suffix == ".py" and p.parent.exists():
+            root, parts = _package_root(p.resolve())
+            names = {".".join(parts)} if parts else set()
+            names.add(p.stem)  # a script's own folder is on sys.path
+            if self.root is not None:
+                try:
+                    rel = p.resolve().relative_to(self.root.resolve()).with_suffix("")
+                    names.add(".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
+                except ValueError:
+                    pass
+            m.names = {n for n in names if n}
+            m.name = ".".join(parts) if parts else p.stem
+            for r in (root, p.resolve().parent, *( [self.root.resolve()] if self.root else [])):
+                if r not in self.roots:
+                    self.roots.append(r)
+        else:
+            m.name = p.stem
+            m.names = {p.stem}
+        for n in m.names:
+            self.by_name.setdefault(n, m)
+        self._calls = None
+        return m
+
+    def module_named(self, name: str) -> Optional[Module]:
+        m = self.by_name.get(name)
+        if m is not None or not self.load_more:
+            return m
+        parts = name.split(".")
+        for root in self.roots:
+            for cand in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+                if cand.is_file():
+                    key = self.given.get(str(cand.resolve()), str(cand))
+                    known = next((mm for pth, mm in self.modules.items() if Path(pth).resolve() == cand.resolve()), None)
+                    if known is not None:
+                        self.by_name[name] = known
+                        return known
+                    try:
+                        src = Source(cand.read_bytes(), key)
+                    except (OSError, SourceError):
+                        return None
+                    m = self._add(key, src, editable=str(cand.resolve()) in self.given)
+                    if m is not None:
+                        self.by_name[name] = m
+                    return m
+        return None
+
+    def module(self, path: str) -> Optional[Module]:
+        return self.modules.get(path)
+
+    # -- resolving calls -----------------------------------------------------------------------
+    def resolve(self, module: Module, func_expr, scope_node=None) -> Tuple[Optional[Function], bool]:
+        """(the project function a call's ``func`` refers to, whether ``self`` is bound)."""
+        module.index()
+        sem = module.sem
+        if isinstance(func_expr, ast.Name):
+            for b in sem.bindings_of(func_expr):
+                if b.kind == "def":
+                    f = module.by_node.get(id(b.node))
+                    if f is not None:
+                        return f, False
+                if b.kind == "class":
+                    return self._method(module, b.node, "__init__"), True
+                if b.kind in ("import", "star") and b.qname:
+                    f, bound = self._imported(module, b.qname)
+                    if f is not None:
+                        return f, bound
+            return None, False
+        if isinstance(func_expr, ast.Attribute):
+            base = func_expr.value
+            if isinstance(base, ast.Name) and base.id == "self":
+                f = module.function_of(func_expr)
+                while f is not None and f.cls is None and f.outer is not None:
+                    f = f.outer
+                if f is not None and f.cls is not None:
+                    m = self._method(module, f.cls, func_expr.attr)
+                    return (m, True) if m is not None else (None, False)
+                return None, False
+            d = dotted(func_expr)
+            if d is not None:
+                q = sem.qnames(func_expr)
+                for name in sorted(q):
+                    f, bound = self._imported(module, name)
+                    if f is not None:
+                        return f, bound
+            if isinstance(base, ast.Name):
+                # a local bound to an instance of a project class
+                for v in sem.values_of(base):
+                    if isinstance(v, ast.Call):
+                        cls_init, _ = self.resolve(module, v.func)
+                        if cls_init is not None and cls_init.cls is not None:
+                            m = self._method(cls_init.module, cls_init.cls, func_expr.attr)
+                            if m is not None:
+                                return m, True
+        return None, False
+
+    def _imported(self, module: Module, qname: str) -> Tuple[Optional[Function], bool]:
+        if qname.startswith("."):
+            pkg = (module.name or "").split(".")
+            level = len(qname) - len(qname.lstrip("."))
+            is_pkg = module.path.endswith("__init__.py")
+            base = pkg[: len(pkg) - level + (1 if is_pkg else 0)]
+            qname = ".".join([*base, qname.lstrip(".")])
+        parts = qname.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            mod = self.module_named(".".join(parts[:i]))
+            if mod is None:
+                continue
+            mod.index()
+            rest = ".".join(parts[i:])
+            if rest in mod.functions:
+                return mod.functions[rest], False
+            if rest in mod.classes:
+                return self._method(mod, mod.classes[rest], "__init__"), True
+            # re-exported through an import in that module
+            head = parts[i]
+            for b in mod.sem.module_scope.bindings.get(head, ()):
+                if b.kind == "import" and b.qname and b.qname != qname:
+                    return self._imported(mod, b.qname + ("." + ".".join(parts[i + 1:]) if len(parts) > i + 1 else ""))
+            return None, False
+        return None, False
+
+    def _method(self, module: Module, cls: ast.ClassDef, name: str, depth: int = 0) -> Optional[Function]:
+        module.index()
+        for f in module.functions.values():
+            if f.cls is cls and f.node.name == name and f.qualname.endswith(cls.name + "." + name):
+                return f
+        if depth < 5:  # inherited from a project base class
+            for base in cls.bases:
+                if isinstance(base, (ast.Name, ast.Attribute)):
+                    init, _ = self.resolve(module, base)
+                    if init is not None and init.cls is not None:
+                        m = self._method(init.module, init.cls, name, depth + 1)
+                        if m is not None:
+                            return m
+                    elif isinstance(base, ast.Name):
+                        for b in module.sem.bindings_of(base):
+                            if b.kind == "class":
+                                m = self._method(module, b.node, name, depth + 1)
+                                if m is not None:
+                                    return m
+        return None
+
+    # -- the call graph ------------------------------------------------------------------------
+    def _index_calls(self) -> None:
+        self._calls = {}
+        self._refs = {}
+        for m in list(self.modules.values()):
+            m.index()
+            for n in walk(m.tree, into_functions=True):
+                if isinstance(n, ast.Call):
+                    f, bound = self.resolve(m, n.func)
+                    if f is not None:
+                        self._calls.setdefault(id(f.node), []).append(CallSite(n, m, m.function_of(n), f, bound))
+                elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                    p = getattr(n, "_p", None)
+                    if isinstance(p, ast.Call) and p.func is n:
+                        continue
+                    if isinstance(p, ast.Attribute) and p.value is n:
+                        continue
+                    if isinstance(n, ast.Name) or (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)):
+                        f, _ = self.resolve(m, n)
+                        if f is not None and not (isinstance(p, ast.Call) and n in p.args and False):
+                            self._refs.setdefault(id(f.node), []).append(n)
+
+    def callers(self, f: Function) -> List[CallSite]:
+        if self._calls is None:
+            self._index_calls()
+        return self._calls.get(id(f.node), [])
+
+    def references(self, f: Function) -> List[ast.AST]:
+        """Uses of the function other than calling it (passed as a callback, stored)."""
+        if self._calls is None:
+            self._index_calls()
+        return self._refs.get(id(f.node), [])
 
     def plan(self, planner):
         if planner not in self._plans:
@@ -22,6 +363,47 @@ class Project:
         return self._plans[planner]
 
 
-def plan_projects(jobs, settings, fix):
-    """path -> the Project its migration was planned in (stub: every file on its own)."""
-    return {}
+# ------------------------------------------------------------------------------ planning a run
+def project_root(paths: Sequence[str]) -> Optional[Path]:
+    """The folder a run's modules are imported from: the nearest ancestor of the files given that
+    holds a pyproject.toml, setup.py, setup.cfg or .git; else their common folder."""
+    if not paths:
+        return None
+    absolute = [Path(p).resolve() for p in paths]
+    try:
+        common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in absolute]))
+    except ValueError:
+        return None
+    for d in [common, *common.parents]:
+        if any((d / marker).exists() for marker in ("pyproject.toml", "setup.py", "setup.cfg", ".git")):
+            return d
+    return common
+
+
+def plan_projects(jobs, settings, planners) -> Dict[str, object]:
+    """path -> its FilePlan, for the files that planners look at (those whose text names apex).
+
+    Files without apex are checked on their own; the others are read here, once, and planned
+    together, so that a migration spanning modules is decided as a whole.  Only the small
+    per-file plans travel to the worker processes."""
+    from ampfix.engine import _read
+
+    if not planners:
+        return {}
+    sources = {}
+    for path, codes in jobs:
+        data, err = _read(path)
+        if data is None or b"apex" not in data:
+            continue
+        try:
+            sources[path] = Source(data, path)
+        except SourceError:
+            continue
+    if not sources:
+        return {}
+    project = Project(sources, settings, root=project_root([p for p, _ in jobs]), given=[p for p, _ in jobs])
+    out: Dict[str, object] = {}
+    for planner in planners:
+        for path, fp in planner(project).items():
+            out[path] = fp if path not in out else out[path].merged(fp)
+    return out

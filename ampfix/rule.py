@@ -88,15 +88,16 @@ Invalid = Example
 
 
 class Context:
-    """What every rule of one file shares: source, tree, semantic model, settings, the
-    project (for migrations that span modules), and a cache for analyses rules share."""
+    """What every rule of one file shares: source, tree, semantic model, settings, what project
+    planners decided for the file (a :class:`~ampfix.plan.FilePlan` or None), and a cache for
+    analyses rules share."""
 
-    def __init__(self, src: Source, model: Model, settings: Settings, project=None) -> None:
+    def __init__(self, src: Source, model: Model, settings: Settings, plan=None) -> None:
         self.src = src
         self.tree = src.tree
         self.sem = model
         self.settings = settings
-        self.project = project
+        self.plan = plan
         self.edits = Builder(src)
         self._cache: Dict[Any, Any] = {}
 
@@ -145,6 +146,11 @@ class Rule:
         line, end_line = node.lineno, getattr(node, "end_lineno", None) or node.lineno
         col = src.char_col(line, node.col_offset)
         end_col = src.char_col(end_line, getattr(node, "end_col_offset", node.col_offset))
+        self.reports.append(Report(type(self), line, col, end_line, end_col, message, fix))
+
+    def report_at(self, line: int, col: int, end_line: int, end_col: int, message: str,
+                  fix: Optional[Fix] = None) -> None:
+        """Report at a position (0-based character columns) rather than a node."""
         self.reports.append(Report(type(self), line, col, end_line, end_col, message, fix))
 
     # -- helpers shared by rules --------------------------------------------------------------

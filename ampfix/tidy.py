@@ -14,7 +14,7 @@ import ast
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 from ampfix.edits import Builder, Conflict, Edit, apply_edits
-from ampfix.semantic import Model, block_of, walk
+from ampfix.semantic import Model, block_of, iter_statements, walk
 from ampfix.source import Source
 
 PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
@@ -24,6 +24,30 @@ def pure(expr) -> bool:
     """An expression with no calls (safe to drop with the ``if`` it tests)."""
     return all(not isinstance(n, (ast.Call, ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom))
                for n in [expr, *walk(expr)])
+
+
+_INVERT = {ast.Eq: "!=", ast.NotEq: "==", ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=", ast.GtE: "<",
+           ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
+
+
+def negate(src: Source, expr) -> str:
+    """The source of ``not expr``, simply written (operands keep their text)."""
+    code = src.code(expr)
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        inner = src.code(expr.operand)
+        return inner if isinstance(expr.operand, (ast.Name, ast.Attribute, ast.Call, ast.Compare)) else f"({inner})"
+    if isinstance(expr, ast.Compare) and len(expr.ops) == 1 and type(expr.ops[0]) in _INVERT:
+        return f"{src.code(expr.left)} {_INVERT[type(expr.ops[0])]} {src.code(expr.comparators[0])}"
+    if isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+        return f"not {code}"
+    return f"not ({code})"
+
+
+def _comment_of_line(text: str, no: int, src) -> Optional[str]:
+    """The comment on a line (outside strings), or None."""
+    from ampfix.engine import _comment_of
+
+    return _comment_of(text, False)
 
 
 def names_bound(stmts: Iterable[ast.stmt]) -> Set[str]:
@@ -73,6 +97,7 @@ class Remover:
                     self.gone[id(owner)] = owner
                     changed = True
         tops = [s for s in self.gone.values() if not self._inside_gone(s)]
+        edits.extend(self._carry_comments(tops))
         blocks: Dict[tuple, List[ast.stmt]] = {}
         for s in tops:
             owner, field, block = block_of(s)
@@ -83,12 +108,88 @@ class Remover:
             if field in ("orelse", "finalbody") and len(removed) == len(block) and owner is not None:
                 edits.append(self._clause(owner, block, "else" if field == "orelse" else "finally"))
                 continue
+            if (isinstance(owner, ast.If) and field == "body" and len(removed) == len(block) and owner.orelse
+                    and not self._is_elif(owner.orelse)):
+                # `if c: <gone> else: <kept>` -> `if not c: <kept>`
+                edits.append(self._invert(owner))
+                continue
             if owner is not None and not isinstance(owner, ast.Module) and len(removed) == len(block):
                 # an emptied block that must stay: one `pass` in place of its first statement
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]
             edits.extend(self.b.remove_statement(s) for s in removed)
         return edits
+
+    def _is_elif(self, orelse) -> bool:
+        first = orelse[0]
+        return len(orelse) == 1 and isinstance(first, ast.If) and \
+            self.src.line_text(first.lineno).lstrip().startswith("elif")
+
+    def _invert(self, node: ast.If) -> Edit:
+        """``if c:`` + a body that goes + ``else:`` -> ``if not c:`` over the else body."""
+        src = self.src
+        first = node.orelse[0]
+        else_line = None
+        for no in range(self.b.first_line(first) - 1, node.lineno, -1):
+            t = src.line_text(no).lstrip()
+            if t.startswith("else") and t[4:].lstrip().startswith(":"):
+                else_line = no
+                break
+        if else_line is None or src.line_text(else_line).strip().split("#")[0].strip() != "else:":
+            raise Conflict(f"line {node.lineno}: cannot find its `else:`")
+        indent = self.b.indent(node)
+        return Edit(src.starts[node.lineno - 1], src.line_end(else_line),
+                    f"{indent}if {negate(src, node.test)}:{self.b.nl}")
+
+    def _carry_comments(self, tops) -> List[Edit]:
+        """Comments inside removed statements move above the next statement that stays (so
+        nothing a person wrote is lost), except those of a removed import, which described it."""
+        edits: List[Edit] = []
+        src = self.src
+        for s in sorted(tops, key=lambda s: (s.lineno, s.col_offset)):
+            if self._import_like(s):
+                continue
+            lines = []
+            for no in range(self.b.first_line(s), s.end_lineno + 1):
+                text = src.line_text(no)
+                c = _comment_of_line(text, no, src)
+                if c:
+                    lines.append(c)
+            if not lines:
+                continue
+            nxt = self._next_kept(s)
+            if nxt is None:
+                raise Conflict(f"a comment in line {s.lineno} would be lost with the statement")
+            at = src.starts[self.b.first_line(nxt) - 1]
+            ind = self.b.indent(nxt)
+            edits.append(Edit(at, at, "".join(f"{ind}{c}{self.b.nl}" for c in lines)))
+        return edits
+
+    def _next_kept(self, s):
+        cur = s
+        while cur is not None:
+            owner, field, block = block_of(cur)
+            idx = next((i for i, x in enumerate(block) if x is cur), None)
+            if idx is None:
+                return None
+            for x in block[idx + 1:]:
+                if id(x) not in self.gone:
+                    return x
+            if owner is None or isinstance(owner, ast.Module) or id(owner) not in self.gone:
+                return None
+            cur = owner
+        return None
+
+    def _import_like(self, s) -> bool:
+        """An import, or a block (``try:`` / ``if x:``) of imports and the flags they set."""
+        if isinstance(s, (ast.Import, ast.ImportFrom)):
+            return True
+        if isinstance(s, (ast.Try, ast.If)):
+            inner = [x for x in iter_statements(s.body)] + [x for h in getattr(s, "handlers", ()) for x in h.body]
+            has_import = any(isinstance(x, (ast.Import, ast.ImportFrom)) for x in inner)
+            return has_import and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Assign, ast.Pass, ast.Raise, ast.Expr))
+                                      for x in inner)
+        return False
 
     def _clause(self, owner, block, keyword: str) -> Edit:
         """Remove an ``else:`` / ``elif ...:`` / ``finally:`` clause whose statements all go."""

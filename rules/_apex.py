@@ -112,8 +112,15 @@ class ApexRule(Rule):
         if q is None:
             return
         call = parent if isinstance(parent, ast.Call) and parent.func is node else None
-        fix = self.fix_for(node, call, q)
-        self.report(node, self.message(q, fix, call), fix)
+        plan = self.ctx.plan
+        fix = plan.fix_at(node) if plan else None
+        if fix is None:
+            fix = self.fix_for(node, call, q)
+        text = self.message(q, fix, call)
+        note = plan.note_at(node) if plan else None
+        if note:
+            text += f" ({note})"
+        self.report(node, text, fix)
 
     def message(self, qname: str, fix: Optional[Fix], call=None) -> str:
         return f"`{qname}` is NVIDIA apex; use {replacement_for(qname)}"
@@ -143,6 +150,14 @@ class ApexRule(Rule):
         self.report(node, f"`from {self.prefix} import *` is NVIDIA apex, and nothing in this module uses it",
                     Fix(f"remove the unused `from {self.prefix} import *`",
                         Remover(self.src, self.sem, self.edits).remove([node])))
+
+    def visit_Module(self, node: ast.Module) -> None:
+        """Reports the migration planner makes itself (a file it edits where apex is not used:
+        a caller that now passes the scaler); one apex rule says them."""
+        plan = self.ctx.plan
+        if plan and getattr(type(self), "says_plan_reports", False):
+            for r in plan.reports:
+                self.report_at(r.line, r.col, r.end_line, r.end_col, r.message, r.fix)
 
     def visit_Name(self, node: ast.Name) -> None:
         self._check(node)

@@ -1,8 +1,7 @@
 """AMP101: apex.amp, reported and rewritten to native torch.amp as one all-or-nothing fix."""
 
-import ast
-
-from ampfix.rule import Fix, Invalid, Valid
+from ampfix import migration
+from ampfix.rule import Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
 
@@ -81,6 +80,9 @@ class ApexAmp(ApexRule):
     fix_kind = "safe"
     since = "1.6"
     prefix = "apex.amp"
+    #: the whole-project migration (ampfix.migration) plans this rule's fixes
+    planner = staticmethod(migration.plan)
+    says_plan_reports = True
 
     VALID = [Valid("import torch\nscaler = torch.amp.GradScaler('cuda')\n"),
              Valid("from mylib import amp\nmodel = amp.initialize(model)\n")]
@@ -115,7 +117,7 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
-            # initialize in main(), the step in train(): a module-level scaler, declared global
+            # initialize in main(), the step in train(): the scaler is passed to train()
             """
             from apex import amp
 
@@ -136,7 +138,7 @@ class ApexAmp(ApexRule):
             expected="""
             import torch
 
-            def train(model, loader, optimizer):
+            def train(model, loader, optimizer, *, scaler):
                 for x, y in loader:
                     with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):
                         loss = criterion(model(x), y)
@@ -146,9 +148,8 @@ class ApexAmp(ApexRule):
 
             def main(args):
                 model, optimizer = build()
-                global scaler
                 scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))
-                train(model, loader, optimizer)
+                train(model, loader, optimizer, scaler=scaler)
             """,
         ),
         Invalid(
@@ -214,14 +215,41 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # initialize under an if/else: the scaler is made before it, enabled when the if is
             """
             from apex import amp
             if args.amp:
                 model, optimizer = amp.initialize(model, optimizer)
             else:
-                model = model.half()
+                model = model.float()
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, optimizer) as scaled:
+                    scaled.backward()
+                optimizer.step()
             """,
-            message="runs inside an `if` with an `else`",
+            count=2,
+            expected="""
+            import torch
+
+            scaler = torch.amp.GradScaler("cuda", enabled=bool(args.amp))
+            if not args.amp:
+                model = model.float()
+            for x in loader:
+                with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.amp)):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            """,
+        ),
+        Invalid(
+            # an optimizer that amp.initialize returns but nothing scales: training runs unscaled
+            """
+            from apex import amp
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            """,
+            message="never used with amp.scale_loss",
         ),
         Invalid(
             """
@@ -286,7 +314,7 @@ class ApexAmp(ApexRule):
                     s.backward()
                 optimizer.step()
             """,
-            message="not rewritten: amp.initialize is not called in this module",
+            message="no scaler can reach it",
         ),
     ]
 

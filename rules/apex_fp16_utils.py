@@ -1,9 +1,8 @@
 """AMP102: apex.fp16_utils (FP16_Optimizer, network_to_half), rewritten to native AMP as one
 all-or-nothing fix per module."""
 
-import ast
-
-from ampfix.rule import Fix, Invalid, Valid
+from ampfix import migration
+from ampfix.rule import Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
 
@@ -72,6 +71,7 @@ class ApexFp16Utils(ApexRule):
     fix_kind = "safe"
     since = "1.6"
     prefix = "apex.fp16_utils"
+    planner = staticmethod(migration.plan)
 
     VALID = [Valid("from mylib.fp16_utils import FP16_Optimizer\nopt = FP16_Optimizer(opt)\n")]
     INVALID = [

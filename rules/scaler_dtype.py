@@ -19,6 +19,18 @@ def _device(rule, call) -> str:
     return s.split(":")[0] if s is not None else "?"
 
 
+WRAPPERS = ("optim", "opt", "scaler", "accelerator", "engine", "trainer", "amp", "fabric")
+
+
+def _tensor_backward(call) -> bool:
+    """``loss.backward()``, not a wrapper's ``optimizer.backward(loss)`` (FP16_Optimizer, an
+    accelerator, an optimizer class that scales inside)."""
+    if not method_call(call, "backward"):
+        return False
+    name = (dotted(receiver(call)) or "").split(".")[-1].lower()
+    return not any(w in name for w in WRAPPERS)
+
+
 class ScalerDtype(Rule):
     """
     ## What it does
@@ -87,7 +99,7 @@ class ScalerDtype(Rule):
                         self.report(s, "GradScaler with bfloat16 autocast: bfloat16 has float32's range and needs no "
                                        "loss scaling; drop the scaler")
                 continue
-            if not autocasts or not any(method_call(c, "backward") for c in calls):
+            if not autocasts or not any(_tensor_backward(c) for c in calls):
                 continue
             # a scaler made here, passed in, or kept on self counts; so does one the file makes
             # at module level (seen by every function)

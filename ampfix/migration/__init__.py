@@ -1,0 +1,230 @@
+"""The apex -> native AMP migration, planned over a whole project before anything is edited.
+
+A *group* is everything that must change together: an ``amp.initialize`` (or several, when a
+function that scales the loss is shared by several scripts), every ``amp.scale_loss``,
+``amp.master_params`` and ``amp.state_dict`` that its scaler must reach, in any function or
+module, the steps that follow a scaled backward, the forward passes that autocast must cover,
+and the parameters and call sites that carry the scaler there.  A group is planned as a whole
+and then tried on a copy: its output must parse and must not trip the checks that catch
+hand-migration mistakes (a ``scaler.step`` with no scaled backward before it, a GradScaler
+nothing uses, a backward inside autocast...).  A group that cannot be planned, or whose output
+fails, is left whole in every file, and each of its files says why.
+
+Planners here: :mod:`.amp` (apex.amp), :mod:`.fp16` (FP16_Optimizer), :mod:`.functions`
+(apex.amp's function-level API).
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from ampfix.edits import Builder, Conflict, Edit, apply_edits
+from ampfix.plan import FilePlan
+from ampfix.rule import Fix, ImportSpec
+from ampfix.semantic import walk
+from ampfix.tidy import Remover
+
+
+class Refuse(Exception):
+    """The group cannot be migrated with confidence: the reason, for the person."""
+
+
+class FileChanges:
+    """The edits one group makes to one module."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.src = module.src
+        self.b = Builder(module.src)
+        self._inserts: Dict[Tuple[int, str], List[str]] = {}  # (offset, indent) -> lines, in order
+        self.edits: List[Edit] = []
+        self.removed: List[ast.stmt] = []
+        self.adds: List[ImportSpec] = []
+        self.removes: List[ImportSpec] = []
+        self.touched: Set[int] = set()  # id of statements replaced or removed
+
+    def _claim(self, node) -> None:
+        if id(node) in self.touched:
+            raise Refuse(f"line {node.lineno} would be rewritten twice")
+        self.touched.add(id(node))
+
+    def replace(self, node, text: str) -> None:
+        self._claim(node)
+        self.edits.append(self.b.replace(node, text))
+
+    def replace_statement(self, stmt, lines: Sequence[str]) -> None:
+        self._claim(stmt)
+        self.edits.append(self._safe(lambda: self.b.replace_statement(stmt, lines)))
+
+    def insert_before(self, stmt, lines: Sequence[str]) -> None:
+        at = self.src.starts[self.b.first_line(stmt) - 1]
+        self._inserts.setdefault((at, self.b.indent(stmt)), []).extend(lines)
+
+    def insert_after(self, stmt, lines: Sequence[str], indent: Optional[str] = None) -> None:
+        if not self.b.own_lines(stmt):
+            raise Refuse(f"line {stmt.end_lineno} holds more than one statement")
+        at = self.src.line_end(stmt.end_lineno)
+        self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
+
+    def remove(self, stmt) -> None:
+        self._claim(stmt)
+        self.removed.append(stmt)
+
+    def wrap(self, first, last, header: str) -> None:
+        self.edits.append(self._safe(lambda: self.b.wrap(first, last, header)))
+
+    def unwrap(self, compound, body) -> None:
+        self.edits.append(self._safe(lambda: self.b.unwrap(compound, body)))
+
+    def _safe(self, make):
+        try:
+            return make()
+        except Conflict as exc:
+            raise Refuse(str(exc)) from None
+
+    def finish(self) -> List[Edit]:
+        edits = list(self.edits)
+        text = self.src.text
+        for (at, indent), lines in self._inserts.items():
+            body = self.b.statements(lines, indent)
+            if at == len(text) and text and not text.endswith(("\n", "\r")):
+                body = self.b.nl + body
+            edits.append(Edit(at, at, body))
+        if self.removed:
+            try:
+                edits.extend(Remover(self.src, self.module.sem, self.b).remove(self.removed))
+            except Conflict as exc:
+                raise Refuse(str(exc)) from None
+        return edits
+
+
+class Group:
+    """What changes together; ``uses`` are the apex nodes (per path) its fix resolves."""
+
+    def __init__(self, gid: str, kind: str) -> None:
+        self.id = gid
+        self.kind = kind
+        self.changes: Dict[str, FileChanges] = {}
+        self.uses: Dict[str, List[ast.AST]] = {}
+        self.notes: Set[str] = set()
+        self.description = ""
+        self.refusal: Optional[str] = None
+        self.first_use: Optional[Tuple[str, ast.AST]] = None
+        #: nodes of files the group edits without an apex use there (a call that now passes the
+        #: scaler), with what to say about them
+        self.anchors: Dict[str, List[Tuple[ast.AST, str]]] = {}
+        self.note_at_anchor: Optional[str] = None  # said with the anchor use when rewritten
+
+    def file(self, module) -> FileChanges:
+        fc = self.changes.get(module.path)
+        if fc is None:
+            if not module.editable:
+                raise Refuse(f"{module.path} takes part but was not among the files given: run ampfix on the "
+                             f"whole project")
+            fc = self.changes[module.path] = FileChanges(module)
+        return fc
+
+    def add_use(self, path: str, node) -> None:
+        self.uses.setdefault(path, []).append(node)
+        if self.first_use is None:
+            self.first_use = (path, node)
+
+    @property
+    def paths(self) -> List[str]:
+        return sorted(set(self.uses) | set(self.changes) | set(self.anchors))
+
+
+def plan(project) -> Dict[str, FilePlan]:
+    """The migration of a project: path -> FilePlan (the fixes and notes of its apex uses)."""
+    from ampfix.migration.amp import AmpPlanner
+    from ampfix.migration.fp16 import Fp16Planner
+    from ampfix.migration.functions import FunctionApiPlanner
+
+    groups: List[Group] = []
+    for planner in (AmpPlanner, Fp16Planner, FunctionApiPlanner):
+        groups.extend(planner(project).groups())
+    out: Dict[str, FilePlan] = {}
+    for g in groups:
+        if g.refusal is None:
+            try:
+                dry_run(project, g)
+            except Refuse as exc:
+                g.refusal = str(exc)
+        _emit(project, g, out)
+    return out
+
+
+def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
+    others = [p for p in g.paths]
+    for path in g.paths:
+        fp = out.setdefault(path, FilePlan(path))
+        uses = g.uses.get(path, [])
+        if g.refusal is not None:
+            if uses:
+                where = ""
+                if len(others) > 1:
+                    where = " (with " + ", ".join(o for o in others if o != path) + ")"
+                fp.notes[(uses[0].lineno, uses[0].col_offset)] = f"not rewritten{where}: {g.refusal}"
+            continue
+        fc = g.changes.get(path)
+        if fc is None:
+            continue
+        desc = g.description + (" (" + "; ".join(sorted(g.notes)) + ")" if g.notes else "")
+        fix = Fix(desc, fc.final_edits, add_imports=list(dict.fromkeys(fc.adds)),
+                  remove_imports=list(dict.fromkeys(fc.removes)), group=g.id)
+        for u in uses:
+            fp.fixes[(u.lineno, u.col_offset)] = fix
+        if not uses:
+            # a file the group edits without an apex use of its own (a caller that now passes
+            # the scaler): the planner reports there itself, with the fix
+            from ampfix.plan import PlannedReport
+
+            src = fc.src
+            for i, (node, msg) in enumerate(g.anchors.get(path, [])):
+                fp.reports.append(PlannedReport(node.lineno, src.char_col(node.lineno, node.col_offset),
+                                                node.end_lineno, src.char_col(node.end_lineno, node.end_col_offset),
+                                                msg, fix if i == 0 else None))
+        if g.note_at_anchor and uses:
+            fp.notes[(uses[0].lineno, uses[0].col_offset)] = g.note_at_anchor
+
+
+def dry_run(project, g: Group) -> None:
+    """Apply the group to a copy of each file: it must parse and pass the self-checks."""
+    from ampfix.engine import _apply, _parses
+
+    for path, fc in g.changes.items():
+        edits = fc.finish()
+        fc.final_edits = edits
+        if not any("torch." in e.text or "torch." in e.before for e in edits):
+            fc.adds = [a for a in fc.adds if a.module != "torch"]
+        fix = Fix(g.description, edits, add_imports=fc.adds, remove_imports=fc.removes, group=g.id)
+        try:
+            new = _apply(fc.src.text, path, [fix])
+        except Conflict as exc:
+            raise Refuse(f"the rewrite of {path} does not fit together ({exc})") from None
+        except SyntaxError:
+            raise Refuse(f"the rewrite of {path} does not parse") from None
+        if not _parses(new):
+            raise Refuse(f"the rewrite of {path} does not parse")
+        problems = self_check(project, fc.src.text, new, path)
+        if problems:
+            raise Refuse(f"its output would be wrong: {problems[0]}")
+
+
+SELF_CHECK = ("AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212")
+
+
+def self_check(project, before: str, after: str, path: str) -> List[str]:
+    """Problems the self-check rules find in ``after`` and not in ``before`` (by code and message)."""
+    from ampfix.engine import check_source
+    from ampfix.registry import rules_by_code
+
+    rules = [rules_by_code()[c] for c in SELF_CHECK if c in rules_by_code()]
+    settings = project.settings
+
+    def found(text):
+        res = check_source(text.encode("utf-8"), path, rules, settings, plan=False)
+        return [(d.code, d.message, d.line) for d in res.diagnostics if d.code in SELF_CHECK]
+
+    old = {(c, m) for c, m, _ in found(before)}
+    return [f"{c} at line {line}: {m}" for c, m, line in found(after) if (c, m) not in old]

@@ -1,0 +1,248 @@
+"""Control and data flow inside one function, as the migration needs it.
+
+Python code is structured, so statement order, blocks and enclosing statements answer most
+questions: does this step follow a scaled backward (in the same iteration, or the next one of a
+loop)?  does this statement always run before that one?  which statements before a backward
+compute its loss (the forward pass that autocast must cover)?
+"""
+from __future__ import annotations
+
+import ast
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
+
+from ampfix.analysis import exclusive, method_call
+from ampfix.semantic import DEFS, LOOPS, block_of, dotted, walk
+
+#: calls that only prepare inputs (copies, casts, reshapes): a forward pass does not start there
+PREP_METHODS = {"to", "cuda", "float", "half", "long", "int", "bool", "contiguous", "view", "reshape", "permute",
+                "unsqueeze", "squeeze", "size", "cpu", "detach", "clone", "type", "items", "keys", "values", "get",
+                "pin_memory", "expand", "repeat", "transpose", "flatten", "numel", "dim", "append", "split",
+                "chunk", "next"}
+PREP_BUILTINS = {"tuple", "list", "len", "dict", "zip", "range", "enumerate", "isinstance", "getattr", "min", "max",
+                 "sum", "map", "sorted", "int", "float", "str", "next", "iter", "print", "setattr", "hasattr"}
+
+
+def statements_in(unit) -> List[ast.stmt]:
+    """Every statement of a function (or module), nested blocks included, not nested defs."""
+    body = unit.body if isinstance(unit, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)) else [unit]
+    out = []
+    stack = list(reversed(body))
+    while stack:
+        s = stack.pop()
+        out.append(s)
+        if isinstance(s, DEFS):
+            continue
+        children = []
+        for field in ("body", "orelse", "finalbody"):
+            seq = getattr(s, field, None)
+            if isinstance(seq, list):
+                children.extend(seq)
+        for h in getattr(s, "handlers", ()) or ():
+            children.extend(h.body)
+        for c in getattr(s, "cases", ()) or ():
+            children.extend(c.body)
+        stack.extend(reversed(children))
+    return out
+
+
+def stmt_of(node) -> Optional[ast.stmt]:
+    while node is not None and not isinstance(node, ast.stmt):
+        node = getattr(node, "_p", None)
+    return node
+
+
+def ancestors_stmts(stmt, stop=None) -> List[ast.stmt]:
+    """The statements enclosing ``stmt`` (innermost first), not past ``stop``."""
+    out = []
+    p = getattr(stmt, "_p", None)
+    while p is not None and p is not stop:
+        if isinstance(p, ast.stmt):
+            out.append(p)
+            if isinstance(p, DEFS):
+                break
+        p = getattr(p, "_p", None)
+    return out
+
+
+def loops_around(node, stop=None) -> List[ast.AST]:
+    return [s for s in ancestors_stmts(stmt_of(node), stop) if isinstance(s, LOOPS)]
+
+
+def in_body(node, owner) -> bool:
+    """Whether node lies in owner's body (not its else/handlers/test)."""
+    child = node
+    p = getattr(node, "_p", None)
+    while p is not None:
+        if p is owner:
+            return any(child is s for s in getattr(owner, "body", ()))
+        child = p
+        p = getattr(p, "_p", None)
+    return False
+
+
+def follows(late, earlies: Iterable, unit) -> bool:
+    """Whether ``late`` can run after one of ``earlies`` in the same call of ``unit``: it comes
+    later in the text (on a path that is not another branch of the same ``if``), or both sit in
+    one loop (the next iteration)."""
+    for e in earlies:
+        common = [l for l in loops_around(late, unit) if any(l is x for x in loops_around(e, unit))]
+        if common and any(in_body(late, l) and in_body(e, l) for l in common):
+            return True
+        if (e.lineno, e.col_offset) < (late.lineno, late.col_offset) and not exclusive(e, late, unit):
+            return True
+    return False
+
+
+def dominates(a: ast.stmt, b) -> bool:
+    """Statement ``a`` always runs before ``b`` (same block as one of b's enclosing statements,
+    earlier in it)."""
+    owner, field, block = block_of(a)
+    idx = next((i for i, s in enumerate(block) if s is a), None)
+    if idx is None:
+        return False
+    x = stmt_of(b)
+    while x is not None:
+        o, f, blk = block_of(x)
+        if blk is block:
+            j = next((i for i, s in enumerate(blk) if s is x), -1)
+            return j > idx
+        x = stmt_of(getattr(x, "_p", None))
+    return False
+
+
+def guards(stmt, stop) -> List[ast.If]:
+    """The ``if`` statements whose body holds ``stmt`` (innermost first), up to ``stop``."""
+    out = []
+    child = stmt
+    p = getattr(stmt, "_p", None)
+    while p is not None and p is not stop and not isinstance(p, DEFS):
+        if isinstance(p, ast.If) and any(child is s for s in p.body):
+            out.append(p)
+        child = p
+        p = getattr(p, "_p", None)
+    return out
+
+
+# ------------------------------------------------------------------------------ data flow
+def assigned(stmt) -> Set[str]:
+    """Names (and dotted targets) a statement binds, nested statements included."""
+    out: Set[str] = set()
+    for n in [stmt, *walk(stmt)]:
+        targets = []
+        if isinstance(n, ast.Assign):
+            targets = n.targets
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
+            targets = [n.target]
+        elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
+            targets = [n.target]
+        elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+            targets = [n.optional_vars]
+        elif isinstance(n, ast.NamedExpr):
+            targets = [n.target]
+        for t in targets:
+            for e in _flatten(t):
+                d = dotted(e)
+                if d:
+                    out.add(d)
+                    out.add(d.split(".")[0] if not d.startswith("self.") else d)
+    return out
+
+
+def _flatten(t):
+    if isinstance(t, (ast.Tuple, ast.List)):
+        for e in t.elts:
+            yield from _flatten(e)
+    elif isinstance(t, ast.Starred):
+        yield from _flatten(t.value)
+    else:
+        yield t
+
+
+def read(node) -> Set[str]:
+    """Names and dotted names read in an expression or statement."""
+    out: Set[str] = set()
+    for n in [node, *walk(node)]:
+        if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+            d = dotted(n)
+            if d:
+                out.add(d)
+                if not d.startswith("self."):
+                    out.add(d.split(".")[0])
+    return out
+
+
+def is_prep(stmt, models: Set[str]) -> bool:
+    """A statement that only moves, casts or unpacks inputs (no model, no other calls)."""
+    r = read(stmt)
+    if models and r & models:
+        return False
+    for n in [stmt, *walk(stmt)]:
+        if isinstance(n, ast.Call):
+            if isinstance(n.func, ast.Attribute) and n.func.attr in PREP_METHODS:
+                continue
+            if isinstance(n.func, ast.Name) and n.func.id in PREP_BUILTINS:
+                continue
+            return False
+    return True
+
+
+class Region:
+    """Statements ``first``..``last`` of one block: the forward pass that computes a loss."""
+
+    def __init__(self, block: List[ast.stmt], first: int, last: int) -> None:
+        self.block = block
+        self.first = first
+        self.last = last
+
+    @property
+    def stmts(self) -> List[ast.stmt]:
+        return self.block[self.first:self.last + 1]
+
+    def __repr__(self) -> str:  # pragma: no cover
+        return f"Region(lines {self.block[self.first].lineno}-{self.block[self.last].end_lineno})"
+
+
+def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
+                   is_barrier=None) -> Tuple[Optional[Region], Set[str]]:
+    """The statements before ``site`` that compute ``loss`` (an expression), by data flow back
+    from it in the site's block, and in the blocks around it when the site sits in an ``if``
+    (``if fp16: <scaled backward> else: loss.backward()``).  It stops at an earlier backward,
+    optimizer step or one of ``barriers``; it starts at the first statement that uses a model
+    (or calls more than input preparation).  Returns (region or None, the names still unknown:
+    those not computed in this function, e.g. its parameters)."""
+    needed = read(loss)
+    barrier_ids = {id(b) for b in barriers}
+    cur = site
+    while True:
+        owner, field, block = block_of(cur)
+        idx = next((i for i, s in enumerate(block) if s is cur), None)
+        if idx is None:
+            return None, needed
+        first = last = None
+        for j in range(idx - 1, -1, -1):
+            s = block[j]
+            if id(s) in barrier_ids or isinstance(s, (*DEFS, ast.Return)):
+                break
+            if any(method_call(n, "backward", "step") for n in [s, *walk(s)]) or (is_barrier and is_barrier(s)):
+                break
+            got = assigned(s)
+            if got & needed:
+                needed |= read(s)
+                first = j
+                last = last if last is not None else j
+        if first is not None:
+            start = first
+            if models:
+                # from the first statement that uses a model (if one does)
+                using = [j for j in range(first, last + 1) if read(block[j]) & models]
+                start = using[0] if using else first
+            while start < last and is_prep(block[start], set(models)):
+                start += 1
+            resolved = set()
+            for s in block[first:last + 1]:
+                resolved |= assigned(s)
+            return Region(block, start, last), needed - resolved
+        if isinstance(owner, (ast.If, ast.With, ast.AsyncWith, ast.Try)) and owner is not unit:
+            cur = owner
+            continue
+        return None, needed

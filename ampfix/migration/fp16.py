@@ -1,0 +1,538 @@
+"""FP16_Optimizer -> GradScaler, with the model kept float32 under autocast.
+
+Three FP16_Optimizers existed: ``apex.fp16_utils`` (with ``network_to_half``/``FP16Model``),
+``apex.optimizers`` (the cut-down one the BERT-era scripts use, with ``FusedAdam``) and
+``apex.contrib.optimizers``.  All wrap an optimizer, keep float32 master weights of a
+``.half()`` model and scale the loss in ``optimizer.backward(loss)``.  Natively the model stays
+float32, autocast casts per op, and a GradScaler scales:
+
+* ``opt = FP16_Optimizer(inner, static_loss_scale=S, dynamic_loss_scale=D, dynamic_loss_args=...)``
+  becomes ``scaler = torch.amp.GradScaler("cuda", ...)``; ``opt = inner`` stays when the inner
+  optimizer was built inline.  Two constructors in ``if c: dynamic / else: static`` give one
+  scaler whose scale follows ``c``.
+* The BERT-era recipe ``if args.fp16: <import apex>; opt = FusedAdam(...); opt = FP16_Optimizer(opt)
+  else: opt = BertAdam(...)`` keeps the fp32 path's optimizer for both: native AMP needs no
+  other optimizer, so ``--fp16`` now differs from the fp32 run by precision alone.  A warm-up
+  written into ``param_groups`` under ``if args.fp16:`` goes when that optimizer schedules
+  itself (``warmup=``/``t_total=``): kept, it would apply the warm-up twice.
+* ``model.half()``, ``network_to_half(model)``, ``BN_convert_float``, ``FP16Model`` and the
+  ``.half()`` casts of inputs and labels under the fp16 flag or in the forward pass go.
+* ``opt.backward(loss)`` -> ``scaler.scale(loss).backward()`` (and the ``else: loss.backward()``
+  twin goes); ``opt.step()`` -> ``scaler.step(opt)`` + ``scaler.update()``;
+  ``clip_master_grads(n)`` -> ``scaler.unscale_(opt)`` + ``clip_grad_norm_`` of its parameters;
+  ``update_master_grads()`` goes; ``zero_grad(set_grads_to_None=)`` -> ``set_to_none=``;
+  ``opt.loss_scale`` -> ``scaler.get_scale()``; ``opt.optimizer`` -> ``opt``.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Set, Tuple
+
+from ampfix.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
+from ampfix.migration import Group, Refuse
+from ampfix.migration.amp import Rewriter, apex_import_specs
+from ampfix.migration.flow import follows, forward_region, guards, read, stmt_of
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
+from ampfix.rule import ImportSpec
+from ampfix.rules._apex import apex_uses
+from ampfix.semantic import DEFS, block_of, dotted, iter_statements, walk
+
+CTORS = {"apex.fp16_utils.FP16_Optimizer", "apex.optimizers.FP16_Optimizer", "apex.contrib.optimizers.FP16_Optimizer",
+         "apex.contrib.optimizers.fp16_optimizer.FP16_Optimizer"}
+CONVERTERS = {"apex.fp16_utils.network_to_half", "apex.fp16_utils.BN_convert_float", "apex.fp16_utils.FP16Model"}
+METHODS = {"backward", "step", "zero_grad", "state_dict", "load_state_dict", "param_groups", "state",
+           "clip_master_grads", "update_master_grads", "loss_scale", "optimizer", "add_param_group"}
+HALF_TYPES = {"torch.cuda.HalfTensor", "torch.HalfTensor"}
+SCHEDULE_KW = {"warmup", "t_total", "schedule", "num_warmup_steps", "num_training_steps"}
+CHECKPOINT_NOTE = ("optimizer.state_dict() is now the plain optimizer's: checkpoints that FP16_Optimizer wrote load "
+                   "after `ampfix convert-checkpoint`; save scaler.state_dict() beside it")
+DEFAULTS_NOTE = ("dynamic loss scale: GradScaler starts at 2**16 and grows every 2000 steps (apex's "
+                 "DynamicLossScaler: 2**32, every 1000)")
+
+
+class Fp16Planner:
+    def __init__(self, project) -> None:
+        self.p = project
+
+    def groups(self) -> List[Group]:
+        out = []
+        for m in list(self.p.modules.values()):
+            if "apex" not in m.src.text or "FP16" not in m.src.text and "half" not in m.src.text:
+                continue
+            uses = [(n, q) for n, q in apex_uses(m.sem, m.tree)
+                    if q in CTORS or q in CONVERTERS or q.startswith("apex.fp16_utils")]
+            if not uses:
+                continue
+            g = Group(f"fp16:{m.path}", "fp16")
+            for n, _ in uses:
+                g.add_use(m.path, n)
+            try:
+                Fp16Plan(self.p, g, m, uses).plan()
+            except Refuse as exc:
+                g.refusal = str(exc)
+            out.append(g)
+        return out
+
+
+class Fp16Plan(Rewriter):
+    def __init__(self, project, g: Group, module, uses) -> None:
+        super().__init__(project, g)
+        self.m = module
+        self.uses = uses
+        self.code = module.src.code
+        self.notes = g.notes
+        self.removed: Set[int] = set()
+
+    # -- the whole module ----------------------------------------------------------------------
+    def plan(self) -> None:
+        m = self.m
+        ctors = [(n, q) for n, q in self.uses if q in CTORS]
+        convs = [(n, q) for n, q in self.uses if q in CONVERTERS]
+        other = [(n, q) for n, q in self.uses if q not in CTORS and q not in CONVERTERS]
+        if other:
+            n, q = other[0]
+            raise Refuse(f"`{q}` at line {n.lineno} has no automatic rewrite")
+        if not ctors:
+            raise Refuse("no FP16_Optimizer in this module: a float16 model without one is pure float16 training; "
+                         "keep the model float32 and add torch.autocast by hand")
+        if any(q.startswith("apex.amp") for _, q in apex_uses(m.sem, m.tree)):
+            raise Refuse("the module also uses apex.amp: migrate them one at a time")
+        calls = []
+        for n, q in ctors:
+            c = getattr(n, "_p", None)
+            if not (isinstance(c, ast.Call) and c.func is n):
+                raise Refuse(f"`{q}` at line {n.lineno} is used other than by calling it")
+            calls.append(c)
+        stmts = [stmt_of(c) for c in calls]
+        targets = set()
+        for c, st in zip(calls, stmts):
+            if not (isinstance(st, ast.Assign) and st.value is c and len(st.targets) == 1 and dotted(st.targets[0])):
+                raise Refuse(f"FP16_Optimizer at line {c.lineno} is not assigned to a name")
+            targets.add(dotted(st.targets[0]))
+        if len(targets) != 1:
+            raise Refuse("FP16_Optimizer is assigned to several names: migrate it by hand")
+        self.opt = opt = targets.pop()
+        func = m.function_of(calls[0])
+        if any(m.function_of(c) is not func for c in calls):
+            raise Refuse("the FP16_Optimizers of this module are made in different functions")
+        self.func = func
+        self.unit = func.node if func is not None else m.tree
+        scaler_args, notes, anchor = self._scaler_args(calls, stmts)
+        self.notes |= notes
+        self.notes.add(CHECKPOINT_NOTE)
+        self.scaler = self._scaler_name()
+        self.g.description = "FP16_Optimizer -> " + description(self.s)
+
+        # the fp16 path: where the scaler goes, what the guard's else keeps
+        enabled = self._place(calls, stmts, anchor, scaler_args)
+        self.enabled = enabled
+        # the model stays float32, its inputs too
+        self.models = self._unhalf_models(convs)
+        # every use of the optimizer
+        self._uses_of_opt(calls)
+        self._finish_regions()
+        fc = self.fc(m)
+        fc.adds.append(ImportSpec("torch"))
+        fc.removes.extend(apex_import_specs(m))
+
+    def _scaler_name(self) -> str:
+        taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
+        if self.opt.startswith("self."):
+            attrs = {n.attr for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Attribute)}
+            return "self." + next(x for x in ("scaler", "grad_scaler", "amp_scaler") if x not in attrs)
+        return next(x for x in ("scaler", "grad_scaler", "amp_scaler") if x not in taken)
+
+    # -- the scaler ----------------------------------------------------------------------------
+    def _scaler_args(self, calls, stmts):
+        """GradScaler arguments for the constructor(s); two constructors in ``if c: ... else:``
+        (one dynamic, one static) give a scale that follows ``c``.  Returns (args, notes, the
+        statement the pair or the constructor is)."""
+        if len(calls) == 1:
+            args, notes = self._one(calls[0])
+            return args, notes, stmts[0]
+        if len(calls) == 2:
+            a, b = stmts
+            pair = getattr(a, "_p", None)
+            if isinstance(pair, ast.If) and pair.body == [a] and pair.orelse == [b]:
+                dyn = [self._is_dynamic(c) for c in calls]
+                if dyn == [True, False] or dyn == [False, True]:
+                    static = calls[dyn.index(False)]
+                    s_args, notes = self._one(static)
+                    init = next((x.split("=", 1)[1] for x in s_args if x.startswith("init_scale=")), "1.0")
+                    cond = as_bool(self.code(pair.test), pair.test)
+                    cond = cond[len("bool("):-1] if cond.startswith("bool(") else cond
+                    if dyn == [False, True]:
+                        from ampfix.tidy import negate
+
+                        cond = negate(self.m.src, pair.test)
+                    return ([f"init_scale=2.0**16 if {cond} else {init}",
+                             f"growth_interval=2000 if {cond} else 2**31 - 1"],
+                            notes | {"loss scale: dynamic when the `if` chose it, else static"}, pair)
+        raise Refuse("FP16_Optimizer is made several times in this module: migrate it by hand")
+
+    def _is_dynamic(self, call) -> bool:
+        return is_const(kwargs(call).get("dynamic_loss_scale"), True)
+
+    def _one(self, call):
+        if has_star(call) or len(call.args) > 1:
+            raise Refuse("FP16_Optimizer has arguments that cannot be read")
+        kws = kwargs(call)
+        for k in kws:
+            if k not in ("init_optimizer", "static_loss_scale", "dynamic_loss_scale", "dynamic_loss_args", "verbose"):
+                raise Refuse(f"FP16_Optimizer argument {k!r} has no native mapping")
+        notes: Set[str] = set()
+        static = kws.get("static_loss_scale")
+        static_code = self.code(static) if static is not None else "1.0"
+        dynamic = kws.get("dynamic_loss_scale")
+        dyn_args = self._dynamic_args(kws.get("dynamic_loss_args"))
+        if dyn_args is None:
+            notes.add(DEFAULTS_NOTE)
+            dyn_args = {}
+        static_args = [f"init_scale={static_code}", "growth_interval=2**31 - 1"]
+        if dynamic is None or is_const(dynamic, False):
+            notes.add(STATIC_NOTE)
+            return static_args, notes
+        if is_const(dynamic, True):
+            return [f"{k}={v}" for k, v in dyn_args.items()], notes
+        cond = as_bool(self.code(dynamic), dynamic)
+        cond = cond[len("bool("):-1] if cond.startswith("bool(") else cond
+        notes.add(STATIC_NOTE)
+        out = [f"init_scale={dyn_args.get('init_scale', '2.0**16')} if {cond} else {static_code}",
+               f"growth_interval={dyn_args.get('growth_interval', '2000')} if {cond} else 2**31 - 1"]
+        out += [f"{k}={v}" for k, v in dyn_args.items() if k not in ("init_scale", "growth_interval")]
+        return out, notes
+
+    def _dynamic_args(self, node) -> Optional[Dict[str, str]]:
+        if node is None:
+            return None
+        if not isinstance(node, ast.Dict) or not all(string_value(k) is not None for k in node.keys):
+            raise Refuse("dynamic_loss_args is not a literal dict")
+        out = {}
+        for k, v in zip(node.keys, node.values):
+            k, v = string_value(k), self.code(v)
+            if k == "init_scale":
+                out["init_scale"] = v
+            elif k == "scale_window":
+                out["growth_interval"] = v
+            elif k == "scale_factor":
+                out["growth_factor"] = v
+                out["backoff_factor"] = f"1 / {v}"
+            else:
+                raise Refuse(f"dynamic_loss_args key {k!r} has no native mapping")
+        return out
+
+    def _place(self, calls, stmts, anchor, scaler_args) -> str:
+        """Replace the constructor(s) by the scaler; returns autocast's enabled expression."""
+        fc = self.fc(self.m)
+        gs = guards(anchor, self.unit)
+        #: the source of the fp16 flag (the outermost guard's test), when there is a guard
+        self.enabled_source = self.code(gs[-1].test) if gs else None
+        cond = "True"
+        for gd in reversed(gs):
+            cond = conj(as_bool(self.code(gd.test), gd.test), cond)
+        args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
+        inner = arg(calls[0], "init_optimizer", 0)
+        if inner is None:
+            raise Refuse("FP16_Optimizer has no optimizer argument")
+        inner_code = self.code(inner)
+        keep_inner = [] if inner_code == self.opt else [f"{self.opt} = {inner_code}"]
+        outer = gs[-1] if gs else None
+        if outer is not None and outer.orelse and self._apex_only(outer.body, anchor):
+            # if fp16: <apex optimizer> else: <fp32 optimizer>  ->  the fp32 optimizer, and the scaler
+            if self._is_elif(outer):
+                raise Refuse(f"the fp16 path at line {outer.lineno} is one branch of an elif chain")
+            made = f"{self.scaler} = {scaler_call(self.s, args, self._col(outer), self.scaler + ' = ')}"
+            fc.unwrap(outer, outer.orelse)
+            fc.touched.add(id(outer))
+            fc.insert_after(outer.orelse[-1], [made], indent=self.m.src.indent_of(outer.orelse[0].lineno)[
+                :len(self.m.src.indent_of(outer.lineno))])
+            self.fp32_optimizer = [s for s in outer.orelse if isinstance(s, ast.Assign) and
+                                   dotted(s.targets[0]) == self.opt and isinstance(s.value, ast.Call)]
+            self.notes.add("the fp16 path's apex optimizer goes: native AMP keeps the fp32 path's optimizer, so "
+                           "--fp16 differs from the fp32 run by precision alone")
+            self.gone_block = outer
+            return cond
+        self.fp32_optimizer = []
+        self.gone_block = None
+        made = f"{self.scaler} = {scaler_call(self.s, args, self._col(outer or anchor), self.scaler + ' = ')}"
+        if outer is None:
+            fc.replace_statement(anchor, [*keep_inner, made])
+        else:
+            fc.insert_before(outer, [made])
+            if keep_inner:
+                fc.replace_statement(anchor, keep_inner)
+            else:
+                fc.remove(anchor)
+        return cond
+
+    def _col(self, stmt) -> int:
+        return self.m.src.char_col(stmt.lineno, stmt.col_offset)
+
+    def _is_elif(self, node) -> bool:
+        p = getattr(node, "_p", None)
+        return isinstance(p, ast.If) and p.orelse == [node] and \
+            self.m.src.line_text(node.lineno).lstrip().startswith("elif")
+
+    def _apex_only(self, body, anchor) -> bool:
+        """The fp16 branch holds only apex imports, the optimizer's construction and the
+        FP16_Optimizer itself."""
+        for s in body:
+            if s is anchor or any(x is anchor for x in walk(s)):
+                continue
+            if isinstance(s, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(s, ast.Try) and all(isinstance(x, (ast.Import, ast.ImportFrom)) for x in s.body):
+                continue
+            if isinstance(s, ast.Assign) and len(s.targets) == 1 and dotted(s.targets[0]) == self.opt:
+                continue
+            return False
+        return True
+
+    # -- float16 models and inputs ---------------------------------------------------------------
+    def _is_half(self, call) -> bool:
+        if method_call(call, "half") and not call.args and not call.keywords:
+            return True
+        return method_call(call, "type") and len(call.args) == 1 and (dotted(call.args[0]) or "") in HALF_TYPES
+
+    def _peel(self, expr):
+        """``network_to_half(m.half())`` -> ``m``: the converters and .half() calls around it."""
+        while isinstance(expr, ast.Call):
+            if self._is_half(expr):
+                expr = receiver(expr)
+            elif self.m.sem.qnames(expr) & {c for c in CONVERTERS} or any(
+                    q.startswith("apex.fp16_utils") for q in self.m.sem.qnames(expr)):
+                a = arg(expr, None, 0)
+                if a is None:
+                    raise Refuse(f"`{self.code(expr)}` at line {expr.lineno} cannot be read")
+                expr = a
+            else:
+                break
+        return expr
+
+    def _unhalf_models(self, convs) -> Set[str]:
+        models: Set[str] = set()
+        for n, _ in convs:
+            call = getattr(n, "_p", None)
+            if not isinstance(call, ast.Call) or len(call.args) != 1:
+                raise Refuse(f"`{self.code(n)}` at line {n.lineno} cannot be read")
+            st = stmt_of(call)
+            if isinstance(st, ast.Assign) and dotted(st.targets[0]):
+                models.add(dotted(st.targets[0]))
+            m = self._peel(call.args[0])
+            if dotted(m):
+                models.add(dotted(m))
+        for n in walk(self.m.tree, into_functions=True):
+            if method_call(n, "parameters", "named_parameters") and dotted(receiver(n)):
+                models.add(dotted(receiver(n)))
+        models.discard(None)
+        # converters: f(model) -> model
+        for n, _ in convs:
+            call = n._p
+            outer = call
+            while isinstance(getattr(outer, "_p", None), ast.Call) and outer._p.args and outer._p.args[0] is outer and \
+                    self.m.sem.qnames(outer._p) & CONVERTERS:
+                outer = outer._p
+            if outer is call:
+                self._unwrap(call)
+        # .half() of a model (also in a chain: Net().cuda().half())
+        for n in walk(self.m.tree, into_functions=True):
+            if not (isinstance(n, ast.Call) and self._is_half(n)):
+                continue
+            base = receiver(n)
+            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+                base = base.func.value
+            st = stmt_of(n)
+            target = dotted(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+            if dotted(base) in models or target in models or dotted(receiver(n)) in models:
+                self._unwrap(n)
+        # casts guarded by the fp16 flag: inputs and labels for the half model
+        flag = self._flag()
+        if flag is not None:
+            for n in walk(self.unit):
+                if isinstance(n, ast.Call) and self._is_half(n) and id(n) not in self.removed:
+                    st = stmt_of(n)
+                    if any(self.code(gd.test) == flag for gd in guards(st, self.unit)):
+                        self._unwrap(n)
+        return models
+
+    def _flag(self) -> Optional[str]:
+        """The test of the ``if`` that guards the FP16_Optimizer (``args.fp16``), if any."""
+        return self.enabled_source
+
+    def _unwrap(self, call) -> None:
+        """Replace ``call`` by what it converts; a statement that becomes ``x = x`` or a bare name goes."""
+        if id(call) in self.removed:
+            return
+        inner = self._peel(call)
+        st = stmt_of(call)
+        fc = self.fc(self.m)
+        self.removed.add(id(call))
+        if self._inside_gone(st):
+            return
+        if isinstance(st, ast.Expr) and st.value is call and dotted(inner):
+            fc.remove(st)
+        elif isinstance(st, ast.Assign) and st.value is call and len(st.targets) == 1 and \
+                self.code(st.targets[0]) == self.code(inner):
+            fc.remove(st)
+        else:
+            fc.replace(call, self.code(inner))
+
+    def _inside_gone(self, st) -> bool:
+        gone = getattr(self, "gone_block", None)
+        if gone is None:
+            return False
+        p = st
+        while p is not None:
+            if p is gone:
+                return any(x is st or any(y is st for y in walk(x)) for x in gone.body)
+            p = getattr(p, "_p", None)
+        return False
+
+    # -- uses of the optimizer -------------------------------------------------------------------
+    def _uses_of_opt(self, calls) -> None:
+        m, opt, fc = self.m, self.opt, self.fc(self.m)
+        in_ctor = {id(x) for c in calls for x in [stmt_of(c), *walk(stmt_of(c))]}
+        backwards, clips, updates, scales, inners, zero_grads, steps = [], [], [], [], [], [], []
+        for n in walk(m.tree, into_functions=True):
+            if not isinstance(n, (ast.Name, ast.Attribute)) or dotted(n) != opt or id(n) in in_ctor:
+                continue
+            if not isinstance(n.ctx, ast.Load):
+                continue
+            if self._inside_gone(stmt_of(n)):
+                continue
+            f = m.function_of(n)
+            if f is not self.func and not (self.func is None or opt.startswith("self.")):
+                raise Refuse(f"`{opt}` is used in `{f.qualname if f else 'module level'}` (line {n.lineno}): pass "
+                             "the scaler there by hand")
+            parent = getattr(n, "_p", None)
+            if isinstance(parent, ast.Attribute) and parent.value is n:
+                attr = parent.attr
+                call = getattr(parent, "_p", None)
+                call = call if isinstance(call, ast.Call) and call.func is parent else None
+                if attr not in METHODS:
+                    raise Refuse(f"`{opt}.{attr}` (line {n.lineno}) has no native counterpart")
+                if attr == "backward" and call is not None:
+                    backwards.append(call)
+                elif attr == "clip_master_grads" and call is not None:
+                    clips.append(call)
+                elif attr == "update_master_grads" and call is not None:
+                    updates.append(call)
+                elif attr == "zero_grad" and call is not None and (call.args or call.keywords):
+                    zero_grads.append(call)
+                elif attr == "loss_scale" and call is None:
+                    scales.append(parent)
+                elif attr == "optimizer" and call is None:
+                    inners.append(parent)
+                elif attr == "step" and call is not None:
+                    if call.args or call.keywords:
+                        raise Refuse(f"`{opt}.step(closure)` at line {n.lineno} has no automatic rewrite")
+                    steps.append(call)
+                elif attr in ("backward", "clip_master_grads", "update_master_grads", "loss_scale", "optimizer"):
+                    raise Refuse(f"`{opt}.{attr}` at line {n.lineno} is not used as FP16_Optimizer's")
+        if not backwards:
+            raise Refuse(f"`{opt}.backward(loss)` is not in this module")
+        scaler = self.scaler
+        sites = []
+        for call in backwards:
+            st = stmt_of(call)
+            loss = arg(call, "loss", 0)
+            if loss is None or not (isinstance(st, ast.Expr) and st.value is call):
+                raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
+            extra = [f"retain_graph={self.code(k.value)}" for k in call.keywords if k.arg == "retain_graph"]
+            for k in call.keywords:
+                if k.arg not in ("loss", "retain_graph", "update_master_grads"):
+                    raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument {k.arg!r}")
+            fc.replace(call, f"{scaler}.scale({self.code(loss)}).backward({', '.join(extra)})")
+            site = self._collapse_twin(st, loss)
+            sites.append(site)
+            unit = self.m.function_of(call)
+            unit = unit.node if unit is not None else m.tree
+            header = autocast_call(self.s, self.enabled if (self.m.function_of(call) is self.func) else
+                                   f"{scaler}.is_enabled()")
+            region, missing = forward_region(site, loss, unit, [], self.models)
+            if region is None:
+                raise Refuse(f"the loss `{self.code(loss)}` is not computed before `{self.code(call)}` (line "
+                             f"{call.lineno}): wrap its forward pass in autocast by hand")
+            if not any(self._under_autocast(x) for x in region.stmts):
+                self._add_region(m, region.block, region.first, region.last, header)
+                for x in region.stmts:
+                    for n in walk(x):
+                        if isinstance(n, ast.Call) and self._is_half(n):
+                            self._unwrap(n)
+        # steps that follow a scaled backward, then one update
+        conv = [s for s in steps if follows(stmt_of(s), sites, (m.function_of(s).node if m.function_of(s) else m.tree))]
+        for s in conv:
+            fc.replace(s, f"{scaler}.step({opt})")
+        if conv:
+            last = max(conv, key=lambda n: (n.lineno, n.col_offset))
+            fc.insert_after(stmt_of(last), [f"{scaler}.update()"])
+        params = f'(p for group in {opt}.param_groups for p in group["params"])'
+        for call in clips:
+            st = stmt_of(call)
+            if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
+                raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
+            rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
+            fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
+            fc.insert_before(st, [f"{scaler}.unscale_({opt})"])
+            self._collapse_clip(st)
+        for call in updates:
+            st = stmt_of(call)
+            if not (isinstance(st, ast.Expr) and st.value is call):
+                raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
+            fc.remove(st)
+        for call in zero_grads:
+            for k in call.keywords:
+                if k.arg != "set_grads_to_None":
+                    raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument")
+                fc.replace(k, f"set_to_none={self.code(k.value)}")
+            if call.args:
+                raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument")
+        for node in scales:
+            fc.replace(node, f"{scaler}.get_scale()")
+        for node in inners:
+            fc.replace(node, opt)
+        self._fp16_only_warmup()
+
+    def _collapse_twin(self, st, loss):
+        """``if f: opt.backward(loss) else: loss.backward()`` -> the scaled backward alone."""
+        gd = getattr(st, "_p", None)
+        if isinstance(gd, ast.If) and gd.body == [st] and len(gd.orelse) == 1:
+            e = gd.orelse[0]
+            if isinstance(e, ast.Expr) and method_call(e.value, "backward") and \
+                    self.code(receiver(e.value)) == self.code(loss):
+                fc = self.fc(self.m)
+                fc.unwrap(gd, gd.body)
+                fc.touched.add(id(gd))
+                return gd
+        return st
+
+    def _collapse_clip(self, st) -> None:
+        gd = getattr(st, "_p", None)
+        if isinstance(gd, ast.If) and gd.body == [st] and len(gd.orelse) == 1:
+            e = gd.orelse[0]
+            if isinstance(e, (ast.Expr, ast.Assign)) and isinstance(e.value, ast.Call) and \
+                    "clip_grad" in (dotted(e.value.func) or ""):
+                fc = self.fc(self.m)
+                fc.unwrap(gd, gd.body)
+                fc.touched.add(id(gd))
+
+    def _fp16_only_warmup(self) -> None:
+        """``if args.fp16: lr = ...; for g in opt.param_groups: g['lr'] = lr`` goes when the optimizer
+        both paths now share schedules itself (BertAdam(warmup=, t_total=)): kept, the warm-up
+        would apply twice."""
+        flag = self.enabled_source
+        if flag is None or not self.fp32_optimizer:
+            return
+        if not any(k.arg in SCHEDULE_KW for s in self.fp32_optimizer for k in s.value.keywords):
+            return
+        for n in walk(self.unit):
+            if not (isinstance(n, ast.If) and self.code(n.test) == flag and not n.orelse):
+                continue
+            writes = [x for x in walk(n) if isinstance(x, ast.Subscript) and isinstance(x.ctx, ast.Store)
+                      and string_value(x.slice) == "lr"]
+            loops = [x for x in n.body if isinstance(x, ast.For) and dotted(x.iter) == f"{self.opt}.param_groups"]
+            others = [x for x in n.body if not isinstance(x, (ast.For, ast.Assign))]
+            if writes and loops and not others:
+                self.fc(self.m).remove(n)
+                self.notes.add("the warm-up the fp16 path wrote into param_groups goes: the optimizer both paths "
+                               "use now schedules itself")

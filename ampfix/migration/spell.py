@@ -1,0 +1,113 @@
+"""How the native API is spelled in the code a migration writes, for the torch it runs on.
+
+Each rewrite uses only what exists in the declared torch release (read in PyTorch's source):
+
+* ``torch.cuda.amp.autocast`` / ``torch.cuda.amp.GradScaler``: 1.6 (native AMP's first release);
+* ``torch.autocast("cuda", dtype=...)``: 1.10 (``torch/autocast_mode.py`` moved to
+  ``torch.autocast``);
+* ``torch.amp.GradScaler("cuda")``: 2.3 (``torch/amp/grad_scaler.py``, device-generic);
+* ``torch.amp.custom_fwd(device_type=...)``: 2.4;
+* ``fused=True`` for ``torch.optim.Adam``/``AdamW``: 2.0 (AdamW's in 2.0; Adam's in 1.13 as a
+  prototype); for ``torch.optim.SGD``: 2.3;
+* ``torch.nn.RMSNorm``: 2.4.
+
+``target`` picks the spelling: ``torch.amp`` where the release has it, ``torch.cuda.amp``
+below 2.3 (the default follows the declared release unless ``target`` is set).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+NATIVE_AMP = (1, 6)
+TORCH_AUTOCAST = (1, 10)
+TORCH_AMP_SCALER = (2, 3)
+CUSTOM_FWD_DEVICE = (2, 4)
+FUSED_ADAM = (2, 0)
+FUSED_SGD = (2, 3)
+RMSNORM = (2, 4)
+
+#: generated lines longer than this get one argument a line
+MAX_LINE = 100
+STATIC_NOTE = ("static loss scale: GradScaler starts at it and never grows (growth_interval=2**31-1); it still skips "
+               "a step whose gradients overflow and halves the scale, where apex applied it")
+
+
+def target(settings) -> str:
+    """``torch.amp`` or ``torch.cuda.amp``: as configured, else what the torch release has."""
+    t = getattr(settings, "target", None)
+    if t:
+        return t
+    return "torch.amp" if settings.torch_version >= TORCH_AMP_SCALER else "torch.cuda.amp"
+
+
+def scaler_call(settings, args: List[str], indent: int = 0, head: str = "") -> str:
+    """``torch.amp.GradScaler("cuda", ...)``, or ``torch.cuda.amp.GradScaler(...)``; one argument
+    a line when the statement (``head`` + call, at ``indent``) would be long."""
+    if target(settings) == "torch.cuda.amp":
+        func = "torch.cuda.amp.GradScaler"
+    else:
+        func, args = "torch.amp.GradScaler", ['"cuda"', *args]
+    one = f"{func}({', '.join(args)})"
+    if indent + len(head) + len(one) <= MAX_LINE or len(args) < 2:
+        return one
+    return f"{func}(\n" + "".join(f"    {a},\n" for a in args) + ")"
+
+
+def autocast_call(settings, enabled: str = "True", dtype: str = "torch.float16") -> str:
+    extra = "" if enabled == "True" else f", enabled={enabled}"
+    if target(settings) == "torch.cuda.amp" or settings.torch_version < TORCH_AUTOCAST:
+        return f"torch.cuda.amp.autocast(dtype={dtype}{extra})" if settings.torch_version >= (1, 10) \
+            else f"torch.cuda.amp.autocast({extra[2:]})"
+    return f'torch.autocast("cuda", dtype={dtype}{extra})'
+
+
+def autocast_off(settings) -> str:
+    if target(settings) == "torch.cuda.amp" or settings.torch_version < TORCH_AUTOCAST:
+        return "torch.cuda.amp.autocast(enabled=False)"
+    return 'torch.autocast("cuda", enabled=False)'
+
+
+def description(settings) -> str:
+    if target(settings) == "torch.cuda.amp":
+        return "torch.cuda.amp.autocast + torch.cuda.amp.GradScaler"
+    return "torch.autocast + torch.amp.GradScaler"
+
+
+def check_release(settings) -> Optional[str]:
+    """Why native AMP cannot be written for this torch release (None when it can)."""
+    if settings.torch_version < NATIVE_AMP:
+        return (f"torch {settings.torch_version[0]}.{settings.torch_version[1]} has no native AMP (it came in 1.6); "
+                "upgrade torch first")
+    if getattr(settings, "target", None) == "torch.amp" and settings.torch_version < TORCH_AMP_SCALER:
+        return None  # target asked for explicitly; the rules that write it say so
+    return None
+
+
+def as_bool(code: str, expr) -> str:
+    """autocast(enabled=...) takes a bool only: comparisons, `not`, and/or of those and
+    True/False are; the rest is wrapped in bool()."""
+    import ast
+
+    def is_bool(e) -> bool:
+        if isinstance(e, ast.Compare) or (isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not)):
+            return True
+        if isinstance(e, ast.Constant) and isinstance(e.value, bool):
+            return True
+        if isinstance(e, ast.BoolOp):
+            return all(is_bool(v) for v in e.values)
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in ("bool", "isinstance", "hasattr"):
+            return True
+        return False
+
+    return code if is_bool(expr) else f"bool({code})"
+
+
+def conj(a: str, b: str) -> str:
+    """``a and b`` for enabled expressions, simplified."""
+    if a == "True":
+        return b
+    if b == "True":
+        return a
+    if "False" in (a, b):
+        return "False"
+    return f"({a}) and ({b})" if (" or " in a or " or " in b) else f"{a} and {b}"
