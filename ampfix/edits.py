@@ -203,13 +203,17 @@ class Builder:
         """Remove a statement's lines and the blank lines right above it (as a statement's
         leading blank lines go with it), so that no gap is left doubled."""
         a, b = self.lines_span(stmt)
-        line = self.first_line(stmt) - 1
         src = self.src
-        while line >= 1 and not src.line_text(line).strip():
-            a = src.starts[line - 1]
-            line -= 1
-        if line == 0:  # at the top of the file: keep the text starting where it did
-            a = src.starts[self.first_line(stmt) - 1]
+        after = stmt.end_lineno + 1
+        if after <= src.line_count and not src.line_text(after).strip():
+            # a blank line follows: the blank lines above go too (else they would pile up); with
+            # code right after, they stay and keep the paragraphs apart
+            line = self.first_line(stmt) - 1
+            while line >= 1 and not src.line_text(line).strip():
+                a = src.starts[line - 1]
+                line -= 1
+            if line == 0:  # at the top of the file: keep the text starting where it did
+                a = src.starts[self.first_line(stmt) - 1]
         return Edit(a, b, "")
 
     def insert_before(self, stmt, lines: Sequence[str]) -> Edit:

@@ -274,9 +274,9 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         reports = [r for r in reports if not sup.suppressed(r.line, r.rule.code)]
         if not fix:
             break
-        fixes = [r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")
-                 and (r.fix.group is None or allowed_groups is None or r.fix.group in allowed_groups)
-                 and (r.fix.description, r.line) not in seen_failed]
+        fixes = list({id(r.fix): r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")
+                      and (r.fix.group is None or allowed_groups is None or r.fix.group in allowed_groups)
+                      and (r.fix.description, r.line) not in seen_failed}.values())
         if not fixes:
             break
         chosen = choose(fixes)

@@ -163,8 +163,9 @@ class Project:
         self.by_name: Dict[str, Module] = {}
         self.roots: List[Path] = []
         self._plans: Dict[object, object] = {}
-        self._calls: Optional[Dict[int, List[CallSite]]] = None
+        self._calls: Dict[int, List[CallSite]] = {}
         self._refs: Dict[int, List[ast.AST]] = {}
+        self._indexed: Set[str] = set()
         for path, src in sources.items():
             self._add(path, src, editable=True)
 
@@ -202,14 +203,22 @@ class Project:
             m.names = {p.stem}
         for n in m.names:
             self.by_name.setdefault(n, m)
-        self._calls = None
         return m
 
     def module_named(self, name: str) -> Optional[Module]:
         m = self.by_name.get(name)
-        if m is not None or not self.load_more:
+        if m is not None:
             return m
         parts = name.split(".")
+        # a module read already whose path ends like the dotted name (the run's root may be
+        # below the folder Python imports it from)
+        tails = ("/" + "/".join(parts) + ".py", "/" + "/".join(parts) + "/__init__.py")
+        hits = [mm for pth, mm in self.modules.items() if str(Path(pth).resolve()).endswith(tails)]
+        if len(hits) == 1:
+            self.by_name[name] = hits[0]
+            return hits[0]
+        if not self.load_more:
+            return None
         for root in self.roots:
             for cand in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
                 if cand.is_file():
@@ -232,8 +241,10 @@ class Project:
         return self.modules.get(path)
 
     # -- resolving calls -----------------------------------------------------------------------
-    def resolve(self, module: Module, func_expr, scope_node=None) -> Tuple[Optional[Function], bool]:
+    def resolve(self, module: Module, func_expr, depth: int = 0) -> Tuple[Optional[Function], bool]:
         """(the project function a call's ``func`` refers to, whether ``self`` is bound)."""
+        if depth > 8:
+            return None, False
         module.index()
         sem = module.sem
         if isinstance(func_expr, ast.Name):
@@ -270,7 +281,7 @@ class Project:
                 # a local bound to an instance of a project class
                 for v in sem.values_of(base):
                     if isinstance(v, ast.Call):
-                        cls_init, _ = self.resolve(module, v.func)
+                        cls_init, _ = self.resolve(module, v.func, depth + 1)
                         if cls_init is not None and cls_init.cls is not None:
                             m = self._method(cls_init.module, cls_init.cls, func_expr.attr)
                             if m is not None:
@@ -311,7 +322,7 @@ class Project:
         if depth < 5:  # inherited from a project base class
             for base in cls.bases:
                 if isinstance(base, (ast.Name, ast.Attribute)):
-                    init, _ = self.resolve(module, base)
+                    init, _ = self.resolve(module, base, 6)
                     if init is not None and init.cls is not None:
                         m = self._method(init.module, init.cls, name, depth + 1)
                         if m is not None:
@@ -326,36 +337,85 @@ class Project:
 
     # -- the call graph ------------------------------------------------------------------------
     def _index_calls(self) -> None:
-        self._calls = {}
-        self._refs = {}
-        for m in list(self.modules.values()):
-            m.index()
-            for n in walk(m.tree, into_functions=True):
-                if isinstance(n, ast.Call):
-                    f, bound = self.resolve(m, n.func)
-                    if f is not None:
-                        self._calls.setdefault(id(f.node), []).append(CallSite(n, m, m.function_of(n), f, bound))
-                elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
-                    p = getattr(n, "_p", None)
-                    if isinstance(p, ast.Call) and p.func is n:
-                        continue
-                    if isinstance(p, ast.Attribute) and p.value is n:
-                        continue
-                    if isinstance(n, ast.Name) or (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)):
-                        f, _ = self.resolve(m, n)
-                        if f is not None and not (isinstance(p, ast.Call) and n in p.args and False):
-                            self._refs.setdefault(id(f.node), []).append(n)
+        """Index the calls of every module read so far (resolving may read more: they are
+        indexed in turn)."""
+        while True:
+            todo = [m for p, m in list(self.modules.items()) if p not in self._indexed]
+            if not todo:
+                return
+            for m in todo:
+                self._indexed.add(m.path)
+                m.index()
+                for n in walk(m.tree, into_functions=True):
+                    if isinstance(n, ast.Call):
+                        f, bound = self.resolve(m, n.func)
+                        if f is not None:
+                            self._calls.setdefault(id(f.node), []).append(CallSite(n, m, m.function_of(n), f, bound))
+                    elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                        p = getattr(n, "_p", None)
+                        if isinstance(p, ast.Call) and p.func is n:
+                            continue
+                        if isinstance(p, ast.Attribute) and p.value is n:
+                            continue
+                        if isinstance(n, ast.Name) or isinstance(n.value, ast.Name):
+                            f, _ = self.resolve(m, n)
+                            if f is not None:
+                                self._refs.setdefault(id(f.node), []).append(n)
 
     def callers(self, f: Function) -> List[CallSite]:
-        if self._calls is None:
-            self._index_calls()
+        self._index_calls()
         return self._calls.get(id(f.node), [])
 
     def references(self, f: Function) -> List[ast.AST]:
         """Uses of the function other than calling it (passed as a callback, stored)."""
-        if self._calls is None:
-            self._index_calls()
+        self._index_calls()
         return self._refs.get(id(f.node), [])
+
+    def mentioned_elsewhere(self, name: str) -> List[str]:
+        """Python files under the project root, not read for this run, whose text holds ``name`` as
+        a word: where a function nothing given calls may be called from."""
+        if self.root is None:
+            return []
+        if not hasattr(self, "_other_texts"):
+            import re
+
+            self._other_texts = {}
+            loaded = {str(Path(p).resolve()) for p in self.modules}
+            count = 0
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in (
+                    "node_modules", "site-packages", "__pycache__", "build", "dist", "venv", ".venv")]
+                for fn in filenames:
+                    if not fn.endswith(".py"):
+                        continue
+                    path = os.path.join(dirpath, fn)
+                    if str(Path(path).resolve()) in loaded:
+                        continue
+                    count += 1
+                    if count > 20000:
+                        break
+                    try:
+                        with open(path, "rb") as fh:
+                            self._other_texts[path] = fh.read()
+                    except OSError:
+                        continue
+            self._word = re
+        pat = self._word.compile(rb"(?<![A-Za-z0-9_])" + self._word.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
+        out = []
+        for p, t in self._other_texts.items():
+            if not pat.search(t):
+                continue
+            try:  # a comment or a string that names it is not a use
+                tree = ast.parse(t)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                out.append(p)
+                continue
+            for n in ast.walk(tree):
+                if (isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name) or (
+                        isinstance(n, ast.alias) and name in (n.name.split(".")[-1], n.asname)):
+                    out.append(p)
+                    break
+        return sorted(out)
 
     def plan(self, planner):
         if planner not in self._plans:

@@ -314,7 +314,7 @@ class ApexAmp(ApexRule):
                     s.backward()
                 optimizer.step()
             """,
-            message="no scaler can reach it",
+            message="amp.initialize is not called in the project on the way here",
         ),
     ]
 

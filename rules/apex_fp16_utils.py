@@ -1,8 +1,10 @@
 """AMP102: apex.fp16_utils (FP16_Optimizer, network_to_half), rewritten to native AMP as one
 all-or-nothing fix per module."""
 
+import ast
+
 from ampfix import migration
-from ampfix.rule import Invalid, Valid
+from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
 
@@ -75,6 +77,15 @@ class ApexFp16Utils(ApexRule):
 
     VALID = [Valid("from mylib.fp16_utils import FP16_Optimizer\nopt = FP16_Optimizer(opt)\n")]
     INVALID = [
+        Invalid(
+            """
+            from apex.fp16_utils import to_python_float
+            losses.update(to_python_float(reduced_loss), n)
+            """,
+            expected="""
+            losses.update(reduced_loss.item(), n)
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -154,4 +165,16 @@ class ApexFp16Utils(ApexRule):
         ),
     ]
 
-
+    def fix_for(self, node, call, qname):
+        """``to_python_float(t)`` is ``t.item()`` for a tensor (apex's helper also took a
+        one-element sequence: ``t[0]``, which ``.item()`` handles for a list of one number too
+        rarely to matter; the fix is safe for tensors, what the helper was for)."""
+        if qname == "apex.fp16_utils.to_python_float" and call is not None and len(call.args) == 1 \
+                and not call.keywords and not isinstance(call.args[0], ast.Starred):
+            a = call.args[0]
+            text = self.code_of(a)
+            if not isinstance(a, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+                text = f"({text})"
+            return Fix("to_python_float(x) -> x.item()", [self.edits.replace(call, f"{text}.item()")],
+                       remove_imports=self.import_edits(node)[1])
+        return None

@@ -52,11 +52,30 @@ class ApexNormalization(ApexRule):
             rms = torch.nn.RMSNorm(512, eps=1e-5)
             """,
         ),
+        Invalid(
+            # a reference to the class: LayerNorm takes the same arguments and defaults
+            """
+            import torch
+            from apex.normalization.fused_layer_norm import FusedLayerNorm as LayerNorm
+            BertLayerNorm = LayerNorm
+            """,
+            expected="""
+            import torch
+            BertLayerNorm = torch.nn.LayerNorm
+            """,
+        ),
         Invalid("from apex.normalization import FusedRMSNorm\nrms = FusedRMSNorm(512)\n",
                 settings={"torch_version": "2.3"}, expected="from apex.normalization import FusedRMSNorm\nrms = FusedRMSNorm(512)\n"),
     ]
 
     def fix_for(self, node, call, qname):
+        kind = qname.split(".")[-1]
+        if call is None and kind in ("FusedLayerNorm", "MixedFusedLayerNorm") and isinstance(node.ctx, ast.Load):
+            # a reference (`BertLayerNorm = LayerNorm`, isinstance): torch.nn.LayerNorm takes the
+            # same arguments with the same defaults
+            add, remove = self.import_edits(node)
+            return Fix(f"apex.normalization.{kind} -> torch.nn.LayerNorm", [self.edits.replace(node, "torch.nn.LayerNorm")],
+                       add_imports=add, remove_imports=remove)
         if call is None or has_star(call):
             return None
         kind = qname.split(".")[-1]

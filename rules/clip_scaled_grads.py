@@ -1,11 +1,20 @@
 import ast
 
 from ampfix.analysis import (
-    CLIP, enclosing_loop, functions_and_module, is_scaler_call, method_call, receiver, scaled_backward, scalers_for,
+    CLIP, exclusive, enclosing_loop, functions_and_module, is_scaler_call, method_call, receiver, scaled_backward, scalers_for,
     unit_nodes,
 )
 from ampfix.rule import Fix, Invalid, Rule, Valid
 from ampfix.semantic import dotted
+
+
+def _scaled_threshold(clip, scalers) -> bool:
+    """``clip_grad_norm_(params, max_norm * scaler.get_scale())``."""
+    from ampfix.semantic import walk
+
+    thr = clip.args[1] if len(clip.args) > 1 else next(
+        (k.value for k in clip.keywords if k.arg in ("max_norm", "clip_value")), None)
+    return thr is not None and any(is_scaler_call(n, scalers, "get_scale") for n in [thr, *walk(thr)])
 
 
 class ClipScaledGrads(Rule):
@@ -67,6 +76,31 @@ class ClipScaledGrads(Rule):
                 opt.step()
             """
         ),
+        Valid(
+            # the fp32 branch of `if fp16: <scaled> else: <plain>` clips plain gradients
+            """
+            import torch
+            if args.fp16:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            else:
+                loss.backward()
+                total_norm += torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            """
+        ),
+        Valid(
+            # accumulation: a clip on every micro-batch, where unscale_ may run once per step
+            """
+            import torch
+            for i, x in enumerate(data):
+                scaler.scale(model(x)).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0 * scaler.get_scale())
+                if i % 4 == 0:
+                    scaler.step(opt)
+                    scaler.update()
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -117,7 +151,10 @@ class ClipScaledGrads(Rule):
             steps = [n for n in nodes if is_scaler_call(n, scalers, "step")]
             for clip in clips:
                 line = clip.lineno
-                before = [b for b in backs if b.lineno < line]
+                # a scaled backward on another branch of the same `if` does not come first
+                before = [b for b in backs if b.lineno < line and not exclusive(b, clip, unit)]
+                if before and _scaled_threshold(clip, scalers):
+                    continue  # clipping scaled gradients at a threshold scaled alike is the same clip
                 if before:
                     last = max(b.lineno for b in before)
                     if not any(last < u.lineno < line for u in unscales):

@@ -92,9 +92,19 @@ class FileChanges:
             edits.append(Edit(at, at, body))
         if self.removed:
             try:
-                edits.extend(Remover(self.src, self.module.sem, self.b).remove(self.removed))
+                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed)
             except Conflict as exc:
                 raise Refuse(str(exc)) from None
+            points = sorted(at for at, _ in self._inserts)
+            for r in removals:
+                # a removal that also takes the blank lines above its statement stops where
+                # something is inserted (the scaler made before a guard that goes)
+                inside = [at for at in points if r.start < at < r.end and not r.text]
+                if inside and not r.region:
+                    cut = max(inside)
+                    if not self.src.text[r.start:cut].strip():
+                        r = Edit(cut, r.end, r.text)
+                edits.append(r)
         return edits
 
 
@@ -137,12 +147,30 @@ class Group:
 def plan(project) -> Dict[str, FilePlan]:
     """The migration of a project: path -> FilePlan (the fixes and notes of its apex uses)."""
     from ampfix.migration.amp import AmpPlanner
+    from ampfix.migration.dual import DualPlanner
     from ampfix.migration.fp16 import Fp16Planner
     from ampfix.migration.functions import FunctionApiPlanner
 
     groups: List[Group] = []
+    # the apex path of a program that has a native one goes first; what it removes is skipped
+    dual = DualPlanner(project)
+    try:
+        groups.extend(dual.groups())
+    except Exception as exc:  # a planner bug: nothing of it, the others go on
+        dual.dead = set()
+    project.skip = dual.dead
     for planner in (AmpPlanner, Fp16Planner, FunctionApiPlanner):
-        groups.extend(planner(project).groups())
+        try:
+            groups.extend(planner(project).groups())
+        except Exception as exc:  # a planner bug refuses what it planned, and the run goes on
+            g = Group(f"{planner.__name__}:error", "error")
+            g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+            for m in project.modules.values():
+                if m.editable and "apex" in m.src.text:
+                    uses = _apex_nodes(m)
+                    for n in uses[:1]:
+                        g.add_use(m.path, n)
+            groups.append(g)
     out: Dict[str, FilePlan] = {}
     for g in groups:
         if g.refusal is None:
@@ -150,8 +178,16 @@ def plan(project) -> Dict[str, FilePlan]:
                 dry_run(project, g)
             except Refuse as exc:
                 g.refusal = str(exc)
+            except Exception as exc:  # a bug: the group is left whole, the run goes on
+                g.refusal = f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
         _emit(project, g, out)
     return out
+
+
+def _apex_nodes(m) -> list:
+    from ampfix.rules._apex import apex_uses
+
+    return [n for n, _ in apex_uses(m.sem, m.tree)]
 
 
 def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:

@@ -50,6 +50,18 @@ FUNCTION_KINDS = {"float_function", "half_function", "promote_function", "regist
                   "register_half_function", "register_promote_function", "disable_casts"}
 
 
+def availability_check(node) -> Optional[ast.stmt]:
+    """The statement, when a bare apex name only checks that apex is installed:
+    ``assert amp is not None, ...`` or ``if amp is None: raise ...``."""
+    st = stmt_of(node)
+    if isinstance(st, ast.Assert) and any(n is node for n in walk(st.test)):
+        return st
+    if isinstance(st, ast.If) and any(n is node for n in walk(st.test)) and not st.orelse and \
+            all(isinstance(x, (ast.Raise, ast.Expr)) for x in st.body) and any(isinstance(x, ast.Raise) for x in st.body):
+        return st
+    return None
+
+
 def kind_of(qname: str) -> str:
     return qname[len("apex.amp."):].split(".")[0] if qname.startswith("apex.amp.") else ""
 
@@ -63,6 +75,8 @@ class Use:
         p = getattr(node, "_p", None)
         self.call = p if isinstance(p, ast.Call) and p.func is node else None
         self.func = module.function_of(node)
+        if self.kind == "" and availability_check(node) is not None:
+            self.kind = "check"
 
     @property
     def line(self) -> int:
@@ -149,6 +163,12 @@ class Solver:
                     and s.func.is_method and self._related(s.func, func)]
             if same:
                 return Carrier("self", {s.idx for s in same}, "self." + self.name)
+
+        if func.cls is not None and func.is_method and func.node.name != "__init__":
+            # whoever builds the object hands it the scaler: its __init__ keeps it on self
+            c = self._via_init(module, func)
+            if c is not None:
+                return c
         refs = self.p.references(func)
         if refs:
             r = refs[0]
@@ -156,8 +176,18 @@ class Solver:
                                            "so the scaler cannot be passed to it")
         sites = self.p.callers(func)
         if not sites:
-            return self.fail(module, func, f"nothing in the project calls `{func.qualname}`, so no scaler can reach "
-                                           "it (is amp.initialize in a file not given?)")
+            name = func.cls.name if func.node.name == "__init__" and func.cls is not None else func.node.name
+            elsewhere = self.p.mentioned_elsewhere(name)
+            if elsewhere:
+                return self.fail(module, func, f"`{func.qualname}` is used in {elsewhere[0]}, which was not given: run "
+                                               "ampfix on the files that call it too")
+            if self.name in func.positional or self.name in func.kwonly:
+                return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
+            # nothing in the project calls it: dead code, or an entry point of the project's API;
+            # it takes the scaler as a keyword-only parameter (and the report says so)
+            c = Carrier("param", set(), self.name, [])
+            c.entry = func
+            return c
         seeds: Set[int] = set()
         for s in sites:
             c = self.solve(s.module, s.caller)
@@ -169,6 +199,17 @@ class Solver:
         if self.name in func.positional or self.name in func.kwonly:
             return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
         return Carrier("param", seeds, self.name, sites)
+
+    def _via_init(self, module, func) -> Optional[Carrier]:
+        init = self.p._method(module, func.cls, "__init__")
+        if init is None or init.cls is not func.cls:
+            return None
+        c = self.solve(init.module, init)
+        if c is None or c.kind != "param":
+            return None
+        carrier = Carrier("self", c.seeds, "self." + self.name)
+        carrier.via_init = (init, c)
+        return carrier
 
     def _related(self, a, b) -> bool:
         """Methods of one class, or of a class and its project base."""
@@ -194,8 +235,9 @@ class AmpPlanner:
         for m in list(self.p.modules.values()):
             if "apex" not in m.src.text:
                 continue
+            skip = getattr(self.p, "skip", set())
             for node, q in apex_uses(m.sem, m.tree):
-                if q == "apex.amp" or q.startswith("apex.amp."):
+                if (q == "apex.amp" or q.startswith("apex.amp.")) and id(node) not in skip:
                     uses.append(Use(m, node, q))
         uses = [u for u in uses if u.kind not in FUNCTION_KINDS]
         if not uses:
@@ -212,6 +254,8 @@ class AmpPlanner:
         solver = Solver(self.p, [s for s in seeds if s.idx not in bad_seeds], name)
         # every use that needs the scaler, with the seeds that reach it
         need: List[Tuple[Use, Optional[Carrier]]] = []
+        checks = [u for u in uses if u.kind == "check"]
+        uses = [u for u in uses if u.kind != "check"]
         for u in uses:
             if u.kind in SCALER_KINDS:
                 need.append((u, solver.solve(u.module, u.func)))
@@ -242,7 +286,11 @@ class AmpPlanner:
                 g.needs = []
             g.seeds.append(s)
             g.add_use(s.module.path, s.use.node)
+        unattached = []
         for u, c in need:
+            if c is not None and not c.seeds:
+                unattached.append((u, c))
+                continue
             if c is not None:
                 g = by_root[find(min(c.seeds))]
                 g.needs.append((u, c))
@@ -255,6 +303,38 @@ class AmpPlanner:
                     g.refusal = self._orphan_reason(u, solver)
                     g.seeds, g.needs = [], []
                 g.add_use(u.module.path, u.node)
+        # uses that no seed reaches (code nothing calls) go with a group of their module
+        for u, c in unattached:
+            g = next((gg for gg in by_root.values() if u.module.path in gg.uses), None)
+            if g is None:
+                key = u.module.path
+                g = orphans.get(key)
+                if g is None:
+                    g = orphans[key] = Group(f"apex.amp:{key}:orphan", "apex.amp")
+                    g.refusal = ("amp.initialize is not called in the project on the way here, so the scaler has no "
+                                 "home (run ampfix on the files that initialize apex too)")
+                    g.seeds, g.needs = [], []
+                g.add_use(u.module.path, u.node)
+                continue
+            g.needs.append((u, c))
+            g.add_use(u.module.path, u.node)
+        # availability checks go with the group of their module (the first one there)
+        for u in checks:
+            g = next((gg for gg in by_root.values() if u.module.path in gg.uses), None)
+            if g is None:
+                g = orphans.get(u.module.path)
+            if g is None:
+                g = orphans[u.module.path] = Group(f"apex.amp:{u.module.path}:checks", "apex.amp")
+                g.seeds, g.needs = [], []
+                g.checks_only = True
+            g.needs.append((u, None))
+            g.add_use(u.module.path, u.node)
+        for g in orphans.values():
+            if getattr(g, "checks_only", False):
+                try:
+                    GroupPlan(self, g, solver).plan()
+                except Refuse as exc:
+                    g.refusal = str(exc)
         for g in by_root.values():
             bad = [bad_seeds[s.idx] for s in g.seeds if s.idx in bad_seeds]
             if bad:
@@ -264,6 +344,8 @@ class AmpPlanner:
                 GroupPlan(self, g, solver).plan()
             except Refuse as exc:
                 g.refusal = str(exc)
+            except Exception as exc:  # a planner bug: this group is left whole, the others go on
+                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
         groups.extend(by_root.values())
         groups.extend(orphans.values())
         return groups
@@ -351,11 +433,15 @@ class Rewriter:
         raise Refuse("internal: node without a module")
 
     @staticmethod
-    def _kind(stmt, module) -> str:
-        for n in [stmt, *walk(stmt)]:
-            if isinstance(n, ast.Call) and "clip_grad" in (dotted(n.func) or ""):
-                return "clip"
-        return "other"
+    def _kind(stmt, module):
+        """What a statement of a branch is, for comparing an apex branch with its fp32 twin: a
+        clip (with the same target, if its result is kept) or something else."""
+        if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign)) and isinstance(stmt.value, ast.Call) and \
+                "clip_grad" in (dotted(stmt.value.func) or ""):
+            target = "" if isinstance(stmt, ast.Expr) else module.src.code(
+                stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target) + type(stmt).__name__
+            return ("clip", target)
+        return ("other", id(stmt))
 
 
 class GroupPlan(Rewriter):
@@ -374,6 +460,7 @@ class GroupPlan(Rewriter):
         self.backward_sites: Dict[object, List[ast.stmt]] = {}
         self.param_added: Set[object] = set()
         self.default_made: Set[int] = set()
+        self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:
@@ -393,6 +480,8 @@ class GroupPlan(Rewriter):
                          "ampfix the files that train")
         if self.pure:
             g.description = "apex.amp -> model.half() (O3 is pure float16: no autocast, no master weights, no loss scaling)"
+        elif not g.seeds:
+            g.description = "apex.amp: the check that apex is installed goes"
         elif training:
             g.description = "apex.amp -> " + description(self.s)
         else:
@@ -404,6 +493,8 @@ class GroupPlan(Rewriter):
         for u, c in sorted(g.needs, key=lambda x: (x[0].module.path, x[0].line)):
             if u.kind == "scale_loss":
                 self._scale_loss(u, c)
+        if not self.pure:
+            self._steps()
         for u, c in g.needs:
             if u.kind == "master_params":
                 self._master_params(u, c)
@@ -413,8 +504,10 @@ class GroupPlan(Rewriter):
                 self._private_scale(u)
             elif u.kind == "":
                 self._bare(u, c)
-        if not self.pure:
-            self._steps()
+            elif u.kind == "check":
+                st = availability_check(u.node)
+                if id(st) not in self.fc(u.module).touched:
+                    self.fc(u.module).remove(st)
         self._carriers()
         self._finish_regions()
         for path in g.paths:
@@ -600,7 +693,19 @@ class GroupPlan(Rewriter):
             raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
         target = assign.targets[0]
         src = [s.models] + ([s.optimizers] if s.optimizers is not None else [])
-        tnames = [code(e) for e in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+        tnodes = list(target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
+        # `m, [o1, o2] = amp.initialize(m, [a, b])`: pair the inner lists element by element
+        flat_t, flat_s = [], []
+        for t, v in zip(tnodes, src):
+            if isinstance(t, (ast.List, ast.Tuple)) and isinstance(v, (ast.List, ast.Tuple)) and len(t.elts) == len(v.elts):
+                flat_t += t.elts
+                flat_s += v.elts
+            else:
+                flat_t.append(t)
+                flat_s.append(v)
+        if len(tnodes) == len(src):
+            tnodes, src = flat_t, flat_s
+        tnames = [code(e) for e in tnodes]
         snames = [code(e) for e in src]
         if len(tnames) == len(snames):
             pairs = [(t, v) for t, v in zip(tnames, snames) if t != v and t != "_"]
@@ -635,9 +740,11 @@ class GroupPlan(Rewriter):
                 raise Refuse(f"amp.initialize at line {s.use.line} assigns {len(tnames)} names from {len(vals)} values")
         elif not isinstance(assign, ast.Expr):
             raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
-        at, cond = self._hoist(s, "True", read(s.call))
-        if at is not s.stmt:
-            raise Refuse(f"opt_level O3 under `if` (line {at.lineno}): convert the model with .half() by hand")
+        for a in ancestors_stmts(s.stmt, s.unit):
+            if not isinstance(a, (ast.If, *DEFS)):
+                raise Refuse(f"opt_level O3 inside a loop, with or try (line {a.lineno}): convert the model with "
+                             ".half() by hand")
+        # nothing else needs it: the model becomes float16 where apex made it so (under its guard)
         self.fc(s.module).replace_statement(s.stmt, out)
         self.g.note_at_anchor = ("O3 is pure float16: migrate makes it model.half(), with no master weights and no "
                                  "loss scaling; opt_level O1's autocast is the safer choice")
@@ -662,29 +769,20 @@ class GroupPlan(Rewriter):
         model_names.discard(None)
         owner, field, block = block_of(at)
         idx = next(i for i, x in enumerate(block) if x is at)
-        runs, cur = [], []
+        # the statements after it that run the model (call it, or hand it to a function that
+        # may), each run of adjacent ones one region
+        regions = []
         for j in range(idx + 1, len(block)):
             x = block[j]
-            if self._uses_model(x, model_names) and not self._under_autocast(x):
-                if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
-                    raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
-                                 "without amp.scale_loss: add the scaled backward by hand")
-                cur.append(j)
-            elif cur and not isinstance(x, (ast.Return,)):
-                cur.append(j)
+            if not self._uses_model(x, model_names) or self._under_autocast(x):
+                continue
+            if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
+                raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
+                             "without amp.scale_loss: add the scaled backward by hand")
+            if regions and regions[-1][1] == j - 1:
+                regions[-1] = (regions[-1][0], j)
             else:
-                if cur:
-                    runs.append(cur)
-                cur = []
-        if cur:
-            runs.append(cur)
-        # trim trailing statements that do not use the model
-        regions = []
-        for r in runs:
-            while r and not self._uses_model(block[r[-1]], model_names):
-                r.pop()
-            if r:
-                regions.append((r[0], r[-1]))
+                regions.append((j, j))
         if not regions:
             raise Refuse(f"nothing uses the model after amp.initialize at line {s.use.line} in this function, so "
                          "autocast has no forward to cover")
@@ -693,13 +791,19 @@ class GroupPlan(Rewriter):
         self.g.note_at_anchor = "inference: the model's forward runs under autocast (no GradScaler: nothing trains)"
 
     def _uses_model(self, stmt, names: Set[str]) -> bool:
+        """Whether a statement runs the model: calls it, or hands it to a function that may (not
+        a torch wrapper such as DataParallel or torch.jit.script, not one of its own methods)."""
+        sem = self._sem_of(stmt)
         for n in [stmt, *walk(stmt, into_functions=False)]:
             if isinstance(n, ast.Call):
                 if dotted(n.func) in names:
                     return True
                 if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
-                    if not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names):
-                        return True
+                    if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:
+                        continue
+                    if any(q.startswith("torch.") or q.startswith("builtins.") for q in sem.qnames(n)):
+                        continue
+                    return True
         return False
 
     def _amp_init(self, s: Seed) -> None:
@@ -813,9 +917,18 @@ class GroupPlan(Rewriter):
             scaled = f"{scaler}.scale({loss_code})" if not self.pure else f"({loss_code})"
         rest_uses = alias is not None and any(alias in read(x) for x in body[1:])
         simple = (isinstance(first, ast.Expr) and method_call(first.value, "backward")
-                  and dotted(receiver(first.value)) == alias and not rest_uses and w.lineno < first.lineno)
+                  and dotted(receiver(first.value)) == alias and not rest_uses)
         if w.lineno == first.lineno:
-            raise Refuse(f"line {w.lineno}: the `with` body is on its own line")
+            # `with amp.scale_loss(loss, opt) as s: s.backward()` on one line
+            if not (simple and len(body) == 1):
+                raise Refuse(f"line {w.lineno}: the body of `with amp.scale_loss` shares its line")
+            call = first.value
+            fc.replace_statement(w, [f"{scaled}{u.module.src.code(call)[len(u.module.src.code(receiver(call))):]}"])
+            site = self._collapse(u, w, loss_code)
+            self.backward_sites.setdefault(key, []).append(site)
+            if not self.pure:
+                self._plan_region(u, c, site, loss)
+            return
         if simple:
             fc.replace(receiver(first.value), scaled)
         else:
@@ -841,7 +954,7 @@ class GroupPlan(Rewriter):
         body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w]
         else_kinds = [self._kind(x, u.module) for x in els if not (
             isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
-        if sorted(body_kinds) != sorted(else_kinds) or "other" in else_kinds:
+        if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
             return w
         fc = self.fc(u.module)
         fc.unwrap(gd, gd.body)
@@ -934,6 +1047,7 @@ class GroupPlan(Rewriter):
                     if r in names or r in loop_vars:
                         steps.append(n)
             converted = [s for s in steps if follows(stmt_of(s), backs, unit)]
+            self.steps_of[key] = converted
             if not converted:
                 self._steps_elsewhere(u, c, names)
                 continue
@@ -971,6 +1085,10 @@ class GroupPlan(Rewriter):
 
     # -- master_params, state ---------------------------------------------------------------------
     def _master_params(self, u: Use, c: Carrier) -> None:
+        """``amp.master_params(opt)`` -> the optimizer's parameters, unscaled first where the
+        gradients are read after a scaled backward.  ``scaler.unscale_`` may run once per step: a
+        clip that runs more often than the step (every micro-batch of an accumulation) clips the
+        still-scaled gradients at a threshold scaled alike, which is the same clip."""
         call = u.call
         opt = arg(call, "optimizer", 0) if call is not None else None
         if opt is None:
@@ -987,6 +1105,27 @@ class GroupPlan(Rewriter):
         backs = self.backward_sites.get(key, [])
         if not follows(st, backs, unit):
             return
+        steps = self.steps_of.get(key, [])
+        if steps and not any(_runs_as_often(st, stmt_of(s), unit) for s in steps):
+            clip = getattr(call, "_p", None)
+            if not (isinstance(clip, ast.Call) and "clip_grad" in (dotted(clip.func) or "") and clip.args
+                    and clip.args[0] is call):
+                raise Refuse(f"amp.master_params at line {u.line} is read on micro-batches where the optimizer does "
+                             "not step: migrate it by hand")
+            pos = 1
+            kw = "clip_value" if "value" in (dotted(clip.func) or "") else "max_norm"
+            thr = arg(clip, kw, pos)
+            if thr is None:
+                raise Refuse(f"the clip at line {clip.lineno} has no threshold to scale")
+            fc.replace(thr, f"{code(thr)} * {c.expr}.get_scale()" if not isinstance(
+                thr, (ast.BinOp, ast.IfExp, ast.BoolOp, ast.Compare)) else f"({code(thr)}) * {c.expr}.get_scale()")
+            if not isinstance(stmt_of(clip), ast.Expr):
+                self.notes.add("a clip that runs on every micro-batch clips the scaled gradients at a scaled threshold "
+                               "(unscale_ may run once per step); the norm it returns is scaled too")
+            else:
+                self.notes.add("a clip that runs on every micro-batch clips the scaled gradients at a scaled threshold "
+                               "(unscale_ may run once per step)")
+            return
         done = getattr(self, "_unscaled", None)
         if done is None:
             done = self._unscaled = []
@@ -994,6 +1133,17 @@ class GroupPlan(Rewriter):
             return
         done.append((u.module, o, st))
         fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
+        self._collapse_clip(u, st)
+
+    def _collapse_clip(self, u: Use, st) -> None:
+        """``if fp16: clip(amp.master_params(opt)) else: clip(model.parameters())`` -> the first."""
+        gd = getattr(st, "_p", None)
+        if not (isinstance(gd, ast.If) and gd.body == [st] and len(gd.orelse) == 1) or id(gd) in self.fc(u.module).touched:
+            return
+        if self._kind(gd.orelse[0], u.module) == self._kind(st, u.module) and self._kind(st, u.module)[0] == "clip":
+            fc = self.fc(u.module)
+            fc.unwrap(gd, gd.body)
+            fc.touched.add(id(gd))
 
     def _state_dict(self, u: Use, c: Carrier) -> None:
         if self.pure:
@@ -1018,13 +1168,27 @@ class GroupPlan(Rewriter):
         """Parameters and call sites that bring the scaler where it is used."""
         todo = [c for _, c in self.g.needs if c is not None]
         seen = set()
+        kept = set()
         while todo:
             c = todo.pop()
             if id(c) in seen:
                 continue
             seen.add(id(c))
+            via = getattr(c, "via_init", None)
+            if via is not None:
+                init, ic = via
+                todo.append(ic)
+                if id(init.node) not in kept:
+                    kept.add(id(init.node))
+                    self._keep_in_init(init)
             if c.kind != "param":
                 continue
+            entry = getattr(c, "entry", None)
+            if entry is not None and id(entry.node) not in self.param_added:
+                self.param_added.add(id(entry.node))
+                self._add_param(entry)
+                what = entry.cls.name if entry.node.name == "__init__" and entry.cls is not None else entry.qualname
+                self.notes.add(f"`{what}` is not called in the project: it now takes the GradScaler as `{self.name}=`")
             for cs in c.sites:
                 cc = self.solver.solve(cs.module, cs.caller)
                 todo.append(cc)
@@ -1034,6 +1198,24 @@ class GroupPlan(Rewriter):
                     self.param_added.add(k)
                     self._add_param(f)
                 self._pass(cs, cc.expr)
+
+    def _keep_in_init(self, init) -> None:
+        """``self.scaler = scaler`` first in __init__ (after ``super().__init__(...)``), so that
+        what __init__ calls finds it."""
+        body = init.node.body
+        fc = self.fc(init.module)
+        line = f"self.{self.name} = {self.name}"
+        i = 0
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            i = 1
+        for j, b in enumerate(body):
+            if isinstance(b, ast.Expr) and method_call(b.value, "__init__"):
+                fc.insert_after(b, [line])
+                return
+        if i < len(body):
+            fc.insert_before(body[i], [line])
+        else:
+            fc.insert_after(body[-1], [line])
 
     def _add_param(self, f) -> None:
         """A keyword-only ``scaler`` parameter, last."""
@@ -1069,6 +1251,17 @@ class GroupPlan(Rewriter):
         fc.edits.append(fc.b.insert_arg(cs.node, f"{self.name}={expr}"))
         self.g.anchors.setdefault(cs.module.path, []).append(
             (cs.node, f"`{cs.callee.qualname}` now takes the GradScaler of the apex.amp migration: pass it here"))
+
+
+def _runs_as_often(a, b, unit) -> bool:
+    """Whether every ``if`` that guards ``b`` (below the loops they share) guards ``a`` too: then
+    ``a`` never runs on an iteration where ``b`` does not."""
+    from ampfix.migration.flow import loops_around
+
+    la = loops_around(a, unit)
+    common = next((l for l in loops_around(b, unit) if any(l is x for x in la)), unit)
+    ga = {id(x) for x in guards(a, common)}
+    return all(id(x) in ga for x in guards(b, common))
 
 
 def _insert(at: int, text: str):

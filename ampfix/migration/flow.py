@@ -224,7 +224,9 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             if id(s) in barrier_ids or isinstance(s, (*DEFS, ast.Return)):
                 break
             if any(method_call(n, "backward", "step") for n in [s, *walk(s)]) or (is_barrier and is_barrier(s)):
-                break
+                if last is not None:
+                    break  # the region must not hold a backward
+                continue  # nothing found yet: the loss may come from before (a GAN's two losses)
             got = assigned(s)
             if got & needed:
                 needed |= read(s)

@@ -40,6 +40,8 @@ from ampfix.semantic import DEFS, block_of, dotted, iter_statements, walk
 CTORS = {"apex.fp16_utils.FP16_Optimizer", "apex.optimizers.FP16_Optimizer", "apex.contrib.optimizers.FP16_Optimizer",
          "apex.contrib.optimizers.fp16_optimizer.FP16_Optimizer"}
 CONVERTERS = {"apex.fp16_utils.network_to_half", "apex.fp16_utils.BN_convert_float", "apex.fp16_utils.FP16Model"}
+#: fp16_utils helpers that stand alone (rewritten where they are, by the rule)
+STANDALONE = {"apex.fp16_utils.to_python_float"}
 METHODS = {"backward", "step", "zero_grad", "state_dict", "load_state_dict", "param_groups", "state",
            "clip_master_grads", "update_master_grads", "loss_scale", "optimizer", "add_param_group"}
 HALF_TYPES = {"torch.cuda.HalfTensor", "torch.HalfTensor"}
@@ -59,9 +61,9 @@ class Fp16Planner:
         for m in list(self.p.modules.values()):
             if "apex" not in m.src.text or "FP16" not in m.src.text and "half" not in m.src.text:
                 continue
-            uses = [(n, q) for n, q in apex_uses(m.sem, m.tree)
-                    if q in CTORS or q in CONVERTERS or q.startswith("apex.fp16_utils")]
-            if not uses:
+            skip = getattr(self.p, "skip", set())
+            uses = [(n, q) for n, q in apex_uses(m.sem, m.tree) if id(n) not in skip and (q in CTORS or q in CONVERTERS or (q.startswith("apex.fp16_utils") and q not in STANDALONE))]
+            if not any(q in CTORS or q in CONVERTERS for _, q in uses):
                 continue
             g = Group(f"fp16:{m.path}", "fp16")
             for n, _ in uses:
@@ -70,6 +72,8 @@ class Fp16Planner:
                 Fp16Plan(self.p, g, m, uses).plan()
             except Refuse as exc:
                 g.refusal = str(exc)
+            except Exception as exc:  # a planner bug: this module is left whole, the others go on
+                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
             out.append(g)
         return out
 

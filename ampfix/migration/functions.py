@@ -1,9 +1,58 @@
-"""apex.amp's function-level API -> autocast."""
+"""apex.amp's function-level API -> autocast.
+
+* ``with amp.disable_casts():`` -> ``with torch.autocast("cuda", enabled=False):`` (apex stopped
+  casting inside; autocast off does the same).
+* ``@amp.float_function`` / ``amp.float_function(f)`` (a custom kernel that needs float32
+  inputs) and ``@amp.half_function`` -> a small helper, ``_float_function`` /
+  ``_half_function``, that the module gets once: under autocast it runs ``f`` with autocast off
+  on inputs cast to that dtype, as apex did while amp was active; otherwise it calls ``f`` as it
+  is.  (``torch.amp.custom_fwd(cast_inputs=...)`` does this for autograd Functions only: it
+  writes attributes onto its first argument.)
+* ``amp.register_float_function(module, "name")`` and ``register_half_function``: where autocast
+  already runs the op in that dtype (its own op lists), the call goes; otherwise the module
+  attribute is wrapped with the same helper, the global patch apex made.
+
+Each module is all or nothing; apex's import goes with its last use.
+"""
 from __future__ import annotations
 
-from typing import List
+import ast
+from typing import Dict, List
 
-from ampfix.migration import Group
+from ampfix.analysis import has_star, string_value
+from ampfix.migration import Group, Refuse
+from ampfix.migration.amp import FUNCTION_KINDS, kind_of
+from ampfix.migration.flow import stmt_of
+from ampfix.migration.spell import autocast_off
+from ampfix.rule import ImportSpec
+from ampfix.rules._apex import apex_uses
+
+#: ops autocast (CUDA) already runs in float32 / float16 (torch/csrc/autocast's op lists; a
+#: composite op such as einsum decomposes into matmul-like ops that autocast casts)
+AUTOCAST_FP32 = {"softmax", "log_softmax", "layer_norm", "group_norm", "norm", "exp", "log", "log10", "log2",
+                 "log1p", "pow", "cumsum", "cumprod", "sum", "prod", "mse_loss", "l1_loss", "smooth_l1_loss",
+                 "cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity",
+                 "softplus", "acos", "asin", "cosh", "erfinv", "reciprocal", "rsqrt", "sinh", "tan", "cdist",
+                 "dist", "pdist", "renorm", "logsumexp", "poisson_nll_loss", "margin_ranking_loss",
+                 "hinge_embedding_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+                 "huber_loss", "multilabel_margin_loss", "cosine_embedding_loss", "frobenius_norm",
+                 "nuclear_norm", "expm1"}
+AUTOCAST_FP16 = {"matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "addr", "mv", "linear",
+                 "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                 "einsum", "chain_matmul", "prelu", "_convolution", "conv_tbc"}
+
+HELPER = '''def _{name}(fn):
+    """apex's amp.{name}: under autocast, run fn with autocast off, on {dtype} inputs."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not torch.is_autocast_enabled():
+            return fn(*args, **kwargs)
+        cast = lambda v: v.{method}() if torch.is_tensor(v) and v.is_floating_point() else v
+        with {off}:
+            return fn(*map(cast, args), **{{k: cast(v) for k, v in kwargs.items()}})
+    return run
+'''
+DTYPE = {"float_function": ("float32", "float"), "half_function": ("float16", "half")}
 
 
 class FunctionApiPlanner:
@@ -11,4 +60,111 @@ class FunctionApiPlanner:
         self.p = project
 
     def groups(self) -> List[Group]:
-        return []
+        out = []
+        for m in list(self.p.modules.values()):
+            if not m.editable or "apex" not in m.src.text:
+                continue
+            skip = getattr(self.p, "skip", set())
+            uses = [(n, kind_of(q)) for n, q in apex_uses(m.sem, m.tree)
+                    if q.startswith("apex.amp.") and kind_of(q) in FUNCTION_KINDS and id(n) not in skip]
+            if not uses:
+                continue
+            g = Group(f"functions:{m.path}", "functions")
+            for n, _ in uses:
+                g.add_use(m.path, n)
+            try:
+                self._plan(g, m, uses)
+            except Refuse as exc:
+                g.refusal = str(exc)
+            except Exception as exc:  # a planner bug: this module is left whole
+                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+            out.append(g)
+        return out
+
+    def _plan(self, g: Group, m, uses) -> None:
+        fc = g.file(m)
+        code = m.src.code
+        s = self.p.settings
+        helpers: Dict[str, bool] = {}
+        notes = set()
+        for n, kind in uses:
+            p = getattr(n, "_p", None)
+            call = p if isinstance(p, ast.Call) and p.func is n else None
+            if kind == "disable_casts":
+                if call is None or call.args or call.keywords or not isinstance(getattr(call, "_p", None), ast.withitem):
+                    raise Refuse(f"amp.disable_casts at line {n.lineno} is not `with amp.disable_casts():`")
+                fc.replace(call, autocast_off(s))
+                continue
+            if kind in DTYPE:
+                name = kind
+                if call is None:
+                    # a decorator: @amp.float_function
+                    if not (isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) and n in p.decorator_list):
+                        raise Refuse(f"amp.{kind} at line {n.lineno} is used other than as a decorator or a call")
+                    fc.replace(n, f"_{name}")
+                else:
+                    if len(call.args) != 1 or call.keywords or has_star(call):
+                        raise Refuse(f"amp.{kind} at line {n.lineno} is not called with one function")
+                    fc.replace(n, f"_{name}")
+                helpers[name] = True
+                continue
+            if kind in ("register_float_function", "register_half_function"):
+                if call is None or len(call.args) != 2 or call.keywords:
+                    raise Refuse(f"amp.{kind} at line {n.lineno} is not called with a module and a name")
+                mod, attr = call.args
+                fname = string_value(attr)
+                st = stmt_of(call)
+                if fname is None or not fname.isidentifier() or not (isinstance(st, ast.Expr) and st.value is call):
+                    raise Refuse(f"amp.{kind} at line {n.lineno}: the function is not named by a literal")
+                known = AUTOCAST_FP32 if kind == "register_float_function" else AUTOCAST_FP16
+                if fname in known:
+                    fc.remove(st)
+                    notes.add(f"{kind}(..., {fname!r}): autocast already runs {fname} in that dtype")
+                    continue
+                helper = "float_function" if kind == "register_float_function" else "half_function"
+                helpers[helper] = True
+                target = f"{code(mod)}.{fname}"
+                fc.replace_statement(st, [f"{target} = _{helper}({target})"])
+                notes.add(f"{kind}(..., {fname!r}): wrapped with _{helper}, the patch apex made")
+                continue
+            raise Refuse(f"amp.{kind} at line {n.lineno} has no automatic rewrite")
+        if helpers:
+            self._add_helpers(fc, m, sorted(helpers))
+            fc.adds.append(ImportSpec("functools"))
+        fc.adds.append(ImportSpec("torch"))
+        from ampfix.migration.amp import apex_import_specs
+
+        fc.removes.extend(apex_import_specs(m))
+        g.notes |= notes
+        g.description = "apex.amp function API -> torch.autocast"
+
+    def _add_helpers(self, fc, m, names) -> None:
+        """The helpers, once, after the module's top imports (before any use at module level)."""
+        s = self.p.settings
+        body = m.tree.body
+        i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
+        last = None
+        while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom, ast.Try, ast.If)) and (
+                isinstance(body[i], (ast.Import, ast.ImportFrom)) or _only_imports(body[i])):
+            last = body[i]
+            i += 1
+        text = "\n\n".join(HELPER.format(name=n, dtype=DTYPE[n][0], method=DTYPE[n][1], off=autocast_off(s))
+                           for n in names)
+        lines = ["", "", *text.rstrip("\n").split("\n")]
+        nxt = m.src.line_text(last.end_lineno + 1) if last is not None and last.end_lineno < m.src.line_count else ""
+        if nxt.strip():
+            lines += ["", ""]
+        if last is not None:
+            fc.insert_after(last, lines, indent="")
+        elif i < len(body):
+            fc.insert_before(body[i], [*text.rstrip("\n").split("\n"), "", ""])
+        else:
+            raise Refuse("the module has no statement to put the helper before")
+
+
+def _only_imports(node) -> bool:
+    from ampfix.semantic import iter_statements
+
+    inner = list(iter_statements([node]))[1:]
+    return bool(inner) and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Pass, ast.Raise, ast.Assign, ast.Expr))
+                               for x in inner)

@@ -1,0 +1,390 @@
+"""Programs that already have a native AMP path beside the apex one.
+
+timm-style training scripts choose ``--amp-impl apex|native`` (or ``--apex-amp`` /
+``--native-amp``), keep a mode variable (``use_amp = "apex"``), a ``has_apex`` flag from a
+guarded import, and an apex wrapper class beside its native twin (``ApexScaler`` /
+``NativeScaler``).  Migrating the apex branch in place would keep two native paths; leaving it
+breaks ``--amp-impl apex`` once apex is gone.  Instead every apex choice is routed to the native
+one:
+
+* facts: a ``has_apex``-style flag (True in a ``try`` that imports apex, False in its
+  ``except ImportError``) is False; a command-line selector that could say ``"apex"`` is
+  rewritten right after the arguments are parsed (``if args.amp_impl == "apex": print(...);
+  args.amp_impl = "native"``: the old value keeps working, and says so once); a variable
+  compared with ``"apex"`` whose every ``= "apex"`` lies in code that can no longer run never
+  equals it;
+* ``if`` tests are evaluated under those facts (to a fixpoint): a branch that cannot run goes
+  (an ``elif`` after it becomes the ``if``; an ``else`` body takes its place), ``assert``s that
+  always hold go, and so do the log lines in the branches that claimed apex;
+* the apex wrapper class becomes an alias of its native twin (``ApexScaler = NativeScaler``),
+  so that code importing it keeps working.
+
+What remains of apex (imports, the flag, the guarded import) goes once unused.  The apex uses
+in dead code belong to this group; the other planners leave them alone.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Set, Tuple
+
+from ampfix.analysis import is_const, method_call, receiver, string_value
+from ampfix.migration import Group, Refuse
+from ampfix.migration.amp import apex_import_specs
+from ampfix.rule import ImportSpec
+from ampfix.rules._apex import apex_uses
+from ampfix.semantic import DEFS, dotted, walk
+
+APEX_WORDS = ("apex",)
+
+
+class DualPlanner:
+    def __init__(self, project) -> None:
+        self.p = project
+        #: id of every node in code that can no longer run (or that goes): the other planners skip it
+        self.dead: Set[int] = set()
+
+    def groups(self) -> List[Group]:
+        out = []
+        for m in list(self.p.modules.values()):
+            if not m.editable or "apex" not in m.src.text:
+                continue
+            plan = DualModule(self.p, m)
+            if not plan.applies():
+                continue
+            g = Group(f"dual:{m.path}", "dual")
+            try:
+                plan.plan(g)
+                self.dead |= plan.dead
+            except Refuse as exc:
+                g.refusal = str(exc)
+            except Exception as exc:  # a planner bug: the module is left whole
+                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+            for n in plan.claimed:
+                g.add_use(m.path, n)
+            out.append(g)
+        return out
+
+
+class DualModule:
+    def __init__(self, project, module) -> None:
+        self.p = project
+        self.m = module
+        self.code = module.src.code
+        self.flags: Set[str] = set()  # names that are False (apex availability)
+        self.selectors: Dict[str, str] = {}  # expression source -> its native value
+        self.cli: Dict[str, Tuple[str, str]] = {}  # args.X -> (native value / twin flag, kind "value"|"flag")
+        self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
+        self.dead: Set[int] = set()
+        self.claimed: List[ast.AST] = []
+
+    # -- recognising the shape -------------------------------------------------------------------
+    def applies(self) -> bool:
+        tree = self.m.tree
+        self._flags()
+        self._selectors()
+        if not self.compared and not self.cli and not self.flags:
+            return False
+        self._evaluate()
+        # a dual path: some apex use sits in a branch that can no longer run
+        uses = [n for n, q in apex_uses(self.m.sem, tree)]
+        return any(id(n) in self.dead for n in uses)
+
+    def _flags(self) -> None:
+        """``try: import apex...; has_apex = True / except ImportError: has_apex = False``."""
+        for t in walk(self.m.tree, into_functions=True):
+            if not isinstance(t, ast.Try):
+                continue
+            imports_apex = any(isinstance(x, (ast.Import, ast.ImportFrom)) and _is_apex_import(x) for x in t.body)
+            if not imports_apex:
+                continue
+            trues = {dotted(x.targets[0]) for x in t.body if isinstance(x, ast.Assign) and len(x.targets) == 1
+                     and is_const(x.value, True)}
+            falses = {dotted(x.targets[0]) for h in t.handlers for x in h.body if isinstance(x, ast.Assign)
+                      and len(x.targets) == 1 and is_const(x.value, False)}
+            self.flags |= {f for f in trues & falses if f}
+
+    def _selectors(self) -> None:
+        """Expressions compared with the string "apex" in tests, and command-line flags for apex."""
+        others: Dict[str, Set[str]] = {}
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.Eq, ast.NotEq)):
+                a, b = n.left, n.comparators[0]
+                for e, lit in ((a, b), (b, a)):
+                    v = string_value(lit)
+                    d = dotted(e)
+                    if v is not None and d:
+                        others.setdefault(d, set()).add(v)
+        dests = self._argparse_dests()
+        #: every expression compared with "apex" (a mode variable, an option)
+        self.compared = {d for d, values in others.items() if "apex" in values}
+        for d, values in others.items():
+            if "apex" in values:
+                natives = sorted(v for v in values if v != "apex" and "native" in v.lower())
+                natives = natives or sorted(v for v in values if v != "apex" and v)
+                parts = d.split(".")
+                if not natives and len(parts) == 2 and parts[1] in dests:
+                    # compared with "apex" only: the option's default (or a choice) is the other path
+                    action, default, choices = dests[parts[1]]
+                    natives = [v for v in [default, *choices] if isinstance(v, str) and v and v != "apex"]
+                if natives:
+                    self.selectors[d] = natives[0]
+        # argparse flags: --apex-amp (store_true) with a --native-amp twin; --amp-impl's values
+        for dest, (action, _, _) in dests.items():
+            if action == "store_true" and "apex" in dest and any("native" in d for d in dests):
+                twin = next((d for d in dests if "native" in d and dests[d][0] == "store_true"), None)
+                if twin is not None:
+                    self.cli[dest] = (twin, "flag")
+        for d, native in self.selectors.items():
+            parts = d.split(".")
+            if len(parts) == 2 and parts[1] in dests:
+                self.cli[d.split(".")[1]] = (native, "value")
+
+    def _argparse_dests(self) -> Dict[str, tuple]:
+        """dest -> (action, default, choices) of the module's argparse options."""
+        out = {}
+        for n in walk(self.m.tree, into_functions=True):
+            if method_call(n, "add_argument") and n.args:
+                names = [string_value(a) for a in n.args]
+                if not all(names):
+                    continue
+                long = [x for x in names if x.startswith("--")]
+                if not long:
+                    continue
+                dest = next((string_value(k.value) for k in n.keywords if k.arg == "dest"), None) or \
+                    long[0][2:].replace("-", "_")
+                action = next((string_value(k.value) for k in n.keywords if k.arg == "action"), None) or "store"
+                default = next((k.value.value for k in n.keywords if k.arg == "default"
+                                and isinstance(k.value, ast.Constant)), None)
+                choices = next(([string_value(e) for e in k.value.elts] for k in n.keywords if k.arg == "choices"
+                                and isinstance(k.value, (ast.List, ast.Tuple))), [])
+                out[dest] = (action, default, choices)
+        return out
+
+    # -- partial evaluation ----------------------------------------------------------------------
+    def _value(self, e) -> Optional[bool]:
+        if isinstance(e, ast.Constant):
+            return bool(e.value)
+        d = dotted(e)
+        if d in self.flags:
+            return False
+        if d and d.count(".") == 1 and self.cli.get(d.split(".")[1], (None, None))[1] == "flag":
+            return False
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            v = self._value(e.operand)
+            return None if v is None else not v
+        if isinstance(e, ast.BoolOp):
+            vals = [self._value(v) for v in e.values]
+            if isinstance(e.op, ast.And):
+                if any(v is False for v in vals):
+                    return False
+                return True if all(v is True for v in vals) else None
+            if any(v is True for v in vals):
+                return True
+            return False if all(v is False for v in vals) else None
+        if isinstance(e, ast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], (ast.Eq, ast.NotEq)):
+            a, b = e.left, e.comparators[0]
+            for x, lit in ((a, b), (b, a)):
+                if string_value(lit) == "apex" and self._never_apex(dotted(x)):
+                    return isinstance(e.ops[0], ast.NotEq)
+        return None
+
+    def _never_apex(self, d: Optional[str]) -> bool:
+        if d is None or d not in self.compared:
+            return False
+        parts = d.split(".")
+        if len(parts) == 2 and parts[1] in self.cli:
+            return True  # routed when the arguments are parsed
+        # every `d = "apex"` lies in code that can no longer run
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.Assign) and any(dotted(t) == d for t in n.targets) and string_value(n.value) == "apex":
+                if id(n) not in self.dead:
+                    return False
+        return True
+
+    def _evaluate(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for n in walk(self.m.tree, into_functions=True):
+                if id(n) in self.dead:
+                    continue
+                if isinstance(n, ast.If):
+                    v = self._value(n.test)
+                    if v is False and (n, "body") not in self.dead_branches:
+                        self.dead_branches.append((n, "body"))
+                        self._mark(n.body)
+                        changed = True
+                    elif v is True and n.orelse and (n, "orelse") not in self.dead_branches:
+                        self.dead_branches.append((n, "orelse"))
+                        self._mark(n.orelse)
+                        changed = True
+                elif isinstance(n, ast.Assert) and self._value(n.test) is True:
+                    self.dead.add(id(n))
+        # apex wrapper classes with a native twin in the module
+        self.twins: List[Tuple[ast.ClassDef, ast.ClassDef]] = []
+        classes = {c.name: c for c in self.m.tree.body if isinstance(c, ast.ClassDef)}
+        for name, c in classes.items():
+            if "apex" not in name.lower():
+                continue
+            twin = classes.get(name.replace("Apex", "Native").replace("apex", "native"))
+            uses_amp = any(q.startswith("apex.amp") for x in walk(c, into_functions=True)
+                           if isinstance(x, (ast.Name, ast.Attribute)) for q in self.m.sem.qnames(x))
+            if twin is not None and uses_amp:
+                self.twins.append((c, twin))
+                self._mark([c])
+
+    def _mark(self, stmts) -> None:
+        for s in stmts:
+            self.dead.add(id(s))
+            for x in walk(s, into_functions=True):
+                self.dead.add(id(x))
+
+    # -- the rewrite -----------------------------------------------------------------------------
+    def plan(self, g: Group) -> None:
+        fc = g.file(self.m)
+        m = self.m
+        for n, q in apex_uses(m.sem, m.tree):
+            if id(n) in self.dead:
+                self.claimed.append(n)
+        done = set()
+        for node, field in sorted(self.dead_branches, key=lambda x: x[0].lineno):
+            if id(node) in self.dead or id(node) in done:  # inside a branch that goes anyway
+                continue
+            done.add(id(node))
+            self._drop_branch(fc, node, field)
+        for n in walk(m.tree, into_functions=True):
+            if isinstance(n, ast.Assert) and id(n) in self.dead and not self._inside_dropped(n):
+                fc.remove(n)
+        for c, twin in self.twins:
+            if c.lineno > twin.lineno:
+                fc.replace_statement(c, [f"{c.name} = {twin.name}"])
+            else:
+                fc.remove(c)
+                fc.insert_after(twin, ["", "", f"{c.name} = {twin.name}"], indent=fc.b.indent(twin))
+        self._route_cli(fc)
+        self._drop_flags(fc)
+        fc.removes.extend(apex_import_specs(m))
+        fc.removes.extend(self._imports_read_only_in_dead_code())
+        g.description = "the apex path goes: every apex choice now takes the native AMP path"
+        notes = []
+        if self.cli:
+            notes.append("the command line still accepts the apex choice, and says it now means native AMP")
+        if self.twins:
+            notes.append(", ".join(f"{c.name} is now {t.name}" for c, t in self.twins))
+        g.notes |= set(notes)
+
+    def _imports_read_only_in_dead_code(self) -> List[ImportSpec]:
+        """Imports whose name only code that goes reads (``ApexScaler`` from another package)."""
+        reads: Dict[str, List[ast.AST]] = {}
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                reads.setdefault(n.id, []).append(n)
+        out = []
+        for imp in self.m.sem.imports:
+            for a in imp.names:
+                bound = (a.asname or a.name).split(".")[0]
+                r = reads.get(bound, [])
+                if r and all(id(x) in self.dead for x in r):
+                    if isinstance(imp, ast.Import):
+                        out.append(ImportSpec(a.name if a.asname else a.name.split(".")[0], None, a.asname))
+                    elif not imp.level and imp.module:
+                        out.append(ImportSpec(imp.module, a.name, a.asname))
+        return out
+
+    def _inside_dropped(self, n) -> bool:
+        p = getattr(n, "_p", None)
+        while p is not None:
+            if any(p is i for i, _ in self.dead_branches):
+                return True
+            p = getattr(p, "_p", None)
+        return False
+
+    def _drop_branch(self, fc, node: ast.If, field: str) -> None:
+        b = fc.b
+        src = self.m.src
+        if field == "orelse":
+            # `if True-test: body else: dead` -> body
+            fc.unwrap(node, node.body)
+            fc.touched.add(id(node))
+            return
+        if not node.orelse:
+            fc.remove(node)
+            return
+        first = node.orelse[0]
+        if len(node.orelse) == 1 and isinstance(first, ast.If) and src.line_text(first.lineno).lstrip().startswith("elif"):
+            # drop `if dead: ...` and make the `elif` the `if`
+            a = src.starts[b.first_line(node) - 1]
+            elif_at = src.offset(first.lineno, first.col_offset)
+            indent = b.indent(node)
+            fc.edits.append(_edit(a, elif_at + len("elif"), indent + "if"))
+            fc.touched.add(id(node))
+            return
+        fc.unwrap(node, node.orelse)
+        fc.touched.add(id(node))
+
+    def _route_cli(self, fc) -> None:
+        """Right after the arguments are parsed: the apex choice becomes the native one, said once."""
+        if not self.cli:
+            return
+        # the names the selectors read (`args` of `args.amp_impl`)
+        bases = {d.split(".")[0] for d in self.selectors if "." in d} | {"args", "opt", "opts"}
+        parse = None
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and method_call(
+                    n.value, "parse_args", "parse_known_args"):
+                t = n.targets[0]
+                name = dotted(t.elts[0] if isinstance(t, (ast.Tuple, ast.List)) else t)
+                if name in bases:
+                    parse = n
+                    break
+        if parse is None:
+            raise Refuse("the command line that chooses apex is not parsed in this module: route it by hand")
+        target = parse.targets[0]
+        args = dotted(target.elts[0] if isinstance(target, (ast.Tuple, ast.List)) else target)
+        if not args:
+            raise Refuse(f"line {parse.lineno}: cannot tell which name holds the parsed arguments")
+        lines = []
+        for dest, (native, kind) in sorted(self.cli.items()):
+            opt = "--" + dest.replace("_", "-")
+            if kind == "value":
+                lines += [f'if {args}.{dest} == "apex":',
+                          f'    print("{opt} apex now runs native AMP (torch.amp): NVIDIA removed apex.amp")',
+                          f'    {args}.{dest} = "{native}"']
+            else:
+                lines += [f"if {args}.{dest}:",
+                          f'    print("{opt} now runs native AMP (torch.amp): NVIDIA removed apex.amp")',
+                          f"    {args}.{dest}, {args}.{native} = False, True"]
+        fc.insert_after(parse, lines)
+
+    def _drop_flags(self, fc) -> None:
+        """``has_apex = True/False`` go when nothing reads the flag any more."""
+        for flag in self.flags:
+            reads = [n for n in walk(self.m.tree, into_functions=True) if isinstance(n, (ast.Name, ast.Attribute))
+                     and isinstance(n.ctx, ast.Load) and dotted(n) == flag and id(n) not in self.dead
+                     and not self._in_dead_test(n)]
+            if reads:
+                continue
+            for n in walk(self.m.tree, into_functions=True):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) == flag and \
+                        id(n) not in self.dead and id(n) not in fc.touched and not self._inside_dropped(n):
+                    fc.remove(n)
+
+    def _in_dead_test(self, n) -> bool:
+        p = getattr(n, "_p", None)
+        while p is not None:
+            if isinstance(p, (ast.If, ast.Assert)) and (any(p is i for i, _ in self.dead_branches) or id(p) in self.dead):
+                return True
+            p = getattr(p, "_p", None)
+        return False
+
+
+def _is_apex_import(x) -> bool:
+    if isinstance(x, ast.Import):
+        return any(a.name.split(".")[0] == "apex" for a in x.names)
+    return not x.level and bool(x.module) and x.module.split(".")[0] == "apex"
+
+
+def _edit(a, b, text):
+    from ampfix.edits import Edit
+
+    return Edit(a, b, text)

@@ -1,0 +1,125 @@
+"""Run ``ampfix migrate`` over the public corpus as a user would, and tabulate each module.
+
+    python bench/corpus.py materialize --out /tmp/corpus       # once, from fetched mirrors
+    python bench/migrate_corpus.py /tmp/corpus --out bench/results/corpus
+
+For each repository a copy is migrated with ``migrate --write``; then every module that used
+apex.amp or an FP16_Optimizer is classified: *migrated* (no such use left) or *refused* (with
+the reason ampfix gives).  Also recorded for every written file: whether it compiles, whether a
+second ``migrate`` changes anything (it must not), and which self-check problems (AMP203-207,
+AMP211, AMP212) appear that the original did not have.  Writes ``corpus.json`` and
+``corpus.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+AMP = ("AMP101",)
+FP16 = ("AMP102",)
+SELF = ("AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212")
+
+
+def ampfix(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ampfix", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def check_json(path):
+    r = ampfix("check", "--select", "ALL", "--output-format", "json", "--exit-zero", "--no-respect-gitignore", str(path))
+    if r.returncode not in (0, 1):
+        raise RuntimeError(r.stderr)
+    return json.loads(r.stdout)["diagnostics"]
+
+
+def kind(d):
+    if d["code"] in AMP:
+        return "apex.amp"
+    if d["code"] in FP16 or (d["code"] == "AMP104" and "FP16_Optimizer" in d["message"]):
+        return "FP16_Optimizer"
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("corpus", type=Path)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    rows, files = [], []
+    for repo in sorted(p for p in args.corpus.iterdir() if p.is_dir()):
+        tmp = Path(tempfile.mkdtemp()) / repo.name
+        shutil.copytree(repo, tmp)
+        before = check_json(tmp)
+        w = ampfix("migrate", "--write", "--no-respect-gitignore", str(tmp))
+        if w.returncode not in (0, 1):
+            rows.append({"repo": repo.name, "error": w.stderr.strip()[-300:]})
+            continue
+        after = check_json(tmp)
+        again = ampfix("migrate", "--no-respect-gitignore", str(tmp))
+        by = defaultdict(list)
+        for d in before:
+            by[d["path"]].append(d)
+        after_by = defaultdict(list)
+        for d in after:
+            after_by[d["path"]].append(d)
+        for path in sorted(set(by) | set(after_by)):
+            rel = os.path.relpath(path, tmp)
+            text_before = (repo / rel).read_text(errors="replace") if (repo / rel).exists() else ""
+            text_after = Path(path).read_text(errors="replace") if Path(path).exists() else ""
+            changed = text_before != text_after
+            compiles = True
+            if changed:
+                try:
+                    compile(text_after, rel, "exec")
+                except SyntaxError:
+                    compiles = False
+            self_before = {(d["code"], d["message"]) for d in by[path] if d["code"] in SELF}
+            new_self = [f"{d['code']} line {d['location']['line']}: {d['message']}" for d in after_by[path]
+                        if d["code"] in SELF and (d["code"], d["message"]) not in self_before]
+            files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
+                          "new_self_check": new_self})
+            for k in ("apex.amp", "FP16_Optimizer"):
+                had = [d for d in by[path] if kind(d) == k]
+                if not had:
+                    continue
+                left = [d for d in after_by[path] if kind(d) == k]
+                reason = next((d["message"].split("(not rewritten", 1)[1].strip(" :)") for d in left
+                               if "not rewritten" in d["message"]), None)
+                rows.append({"repo": repo.name, "path": rel, "kind": k, "uses": len(had),
+                             "status": "migrated" if not left else "refused", "left": len(left),
+                             "reason": reason if left else None})
+        files.append({"repo": repo.name, "idempotent": again.stdout.strip() == ""})
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+    modules = [r for r in rows if "kind" in r]
+    summary = {
+        "apex.amp modules": sum(r["kind"] == "apex.amp" for r in modules),
+        "apex.amp migrated": sum(r["kind"] == "apex.amp" and r["status"] == "migrated" for r in modules),
+        "FP16_Optimizer modules": sum(r["kind"] == "FP16_Optimizer" for r in modules),
+        "FP16_Optimizer migrated": sum(r["kind"] == "FP16_Optimizer" and r["status"] == "migrated" for r in modules),
+        "files written": sum(f.get("changed", False) for f in files),
+        "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in files),
+        "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in files),
+        "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in files),
+        "errors": [r for r in rows if "error" in r],
+    }
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "corpus.json").write_text(json.dumps({"summary": summary, "modules": modules, "files": files},
+                                                         indent=1))
+        lines = ["| repository | module | kind | uses | result | why left |", "|---|---|---|---|---|---|"]
+        for r in modules:
+            lines.append(f"| {r['repo']} | {r['path']} | {r['kind']} | {r['uses']} | {r['status']} | "
+                         f"{(r['reason'] or '').replace('|', '/')} |")
+        (args.out / "corpus.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
