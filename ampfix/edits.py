@@ -168,7 +168,8 @@ class Builder:
         return self.src.indent_of(self.first_line(stmt))
 
     def unit(self, stmt=None) -> str:
-        """One level of indentation as this file writes it."""
+        """One level of indentation as this file writes it: the step from a compound statement
+        to its block (the block of ``stmt`` when given, else the most common one in the file)."""
         src = self.src
         if stmt is not None:
             body = getattr(stmt, "body", None)
@@ -176,12 +177,18 @@ class Builder:
                 a, b = src.indent_of(self.first_line(body[0])), src.indent_of(self.first_line(stmt))
                 if a.startswith(b) and len(a) > len(b):
                     return a[len(b):]
-        for no in range(1, src.line_count + 1):
-            line = src.line_text(no)
-            if line[:1] in (" ", "\t") and line.strip() and not line.lstrip().startswith("#"):
-                ind = line[: len(line) - len(line.lstrip(" \t"))]
-                return "\t" if ind.startswith("\t") else " " * min(len(ind), 4) if len(ind) < 4 else "    "
-        return "    "
+        if getattr(self, "_unit", None) is None:
+            counts: dict = {}
+            for n in ast.walk(src.tree) if src.tree is not None else ():
+                body = getattr(n, "body", None)
+                if not isinstance(n, ast.stmt) or not isinstance(body, list) or not body or body[0].lineno <= n.lineno:
+                    continue
+                a, b = src.indent_of(self.first_line(body[0])), src.indent_of(self.first_line(n))
+                if a.startswith(b) and len(a) > len(b):
+                    step = a[len(b):]
+                    counts[step] = counts.get(step, 0) + 1
+            self._unit = max(counts, key=counts.get) if counts else "    "
+        return self._unit
 
     # -- edits -------------------------------------------------------------------------------
     def replace(self, node, text: str) -> Edit:

@@ -362,12 +362,42 @@ class Project:
                             if f is not None:
                                 self._refs.setdefault(id(f.node), []).append(n)
 
+    def _load_mentioning(self, name: str) -> None:
+        """Read the files given for this run (not read yet) whose text names ``name``: callers
+        may live there (a script that calls a setup() and never mentions apex)."""
+        import re
+
+        if not hasattr(self, "_unread"):
+            loaded = {str(Path(p).resolve()) for p in self.modules}
+            self._unread = {r: p for r, p in self.given.items() if r not in loaded and p.endswith(".py")}
+            self._unread_text: Dict[str, bytes] = {}
+        if not self._unread:
+            return
+        pat = re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
+        for r, p in list(self._unread.items()):
+            data = self._unread_text.get(r)
+            if data is None:
+                try:
+                    with open(p, "rb") as fh:
+                        data = self._unread_text[r] = fh.read()
+                except OSError:
+                    del self._unread[r]
+                    continue
+            if pat.search(data):
+                del self._unread[r]
+                try:
+                    self._add(p, Source(data, p), editable=True)
+                except SourceError:
+                    continue
+
     def callers(self, f: Function) -> List[CallSite]:
+        self._load_mentioning(f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name)
         self._index_calls()
         return self._calls.get(id(f.node), [])
 
     def references(self, f: Function) -> List[ast.AST]:
         """Uses of the function other than calling it (passed as a callback, stored)."""
+        self._load_mentioning(f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name)
         self._index_calls()
         return self._refs.get(id(f.node), [])
 

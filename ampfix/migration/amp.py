@@ -175,6 +175,13 @@ class Solver:
             return self.fail(module, func, f"`{func.qualname}` is used other than by a call (line {r.lineno}), "
                                            "so the scaler cannot be passed to it")
         sites = self.p.callers(func)
+        if not sites and func.cls is not None and any(
+                "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or "") for d in func.cls.decorator_list):
+            deco = next(d for d in func.cls.decorator_list
+                        if "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or ""))
+            return self.fail(module, func, f"`{func.cls.name}` is built by a registry from the configuration "
+                                           f"(@{module.src.code(deco)}), so no call can hand it the GradScaler: keep "
+                                           "one where the optimizer lives (the runner) by hand")
         if not sites:
             name = func.cls.name if func.node.name == "__init__" and func.cls is not None else func.node.name
             elsewhere = self.p.mentioned_elsewhere(name)
@@ -250,6 +257,7 @@ class AmpPlanner:
                 self._read_seed(s)
             except Refuse as exc:
                 bad_seeds[s.idx] = str(exc)
+        seeds = self._export(seeds, uses, bad_seeds)
         name = self._scaler_name()
         solver = Solver(self.p, [s for s in seeds if s.idx not in bad_seeds], name)
         # every use that needs the scaler, with the seeds that reach it
@@ -275,6 +283,9 @@ class AmpPlanner:
                 first = min(c.seeds)
                 for other in c.seeds:
                     parent[find(other)] = find(first)
+        for s in seeds:  # a setup() whose seed moved to its callers goes with them
+            for v in getattr(s, "moved_to", ()):
+                parent[find(v)] = find(s.idx)
         by_root: Dict[int, Group] = {}
         orphans: Dict[str, Group] = {}
         for s in seeds:
@@ -285,7 +296,13 @@ class AmpPlanner:
                 g.seeds = []
                 g.needs = []
             g.seeds.append(s)
-            g.add_use(s.module.path, s.use.node)
+            moved = getattr(s, "exported_from", None)
+            if moved is None:
+                g.add_use(s.module.path, s.use.node)
+            else:
+                g.anchors.setdefault(s.module.path, []).append(
+                    (s.call, f"`{moved[0].func.qualname}` initialized NVIDIA apex for this call; native AMP is set up "
+                             "here now"))
         unattached = []
         for u, c in need:
             if c is not None and not c.seeds:
@@ -349,6 +366,63 @@ class AmpPlanner:
         groups.extend(by_root.values())
         groups.extend(orphans.values())
         return groups
+
+    def _export(self, seeds: List["Seed"], uses: List[Use], bad: Dict[int, str]) -> List["Seed"]:
+        """A function that only initializes and returns the model and optimizer (``setup()``):
+        the seed moves to each caller, right after the call that receives them, with its
+        ``enabled=`` said in the caller's terms (the call's arguments)."""
+        out = []
+        nxt = max((s.idx for s in seeds), default=-1) + 1
+        for s in seeds:
+            f = s.func
+            if s.idx in bad or f is None or s.use.kind != "initialize" or not isinstance(s.stmt, ast.Assign):
+                out.append(s)
+                continue
+            if any(u.func is f and u.kind in SCALER_KINDS for u in uses):
+                out.append(s)
+                continue
+            returned = _returned_names(f)
+            targets = [dotted(e) for e in (s.stmt.targets[0].elts if isinstance(s.stmt.targets[0], (ast.Tuple, ast.List))
+                                           else [s.stmt.targets[0]])]
+            if not returned or not all(t in returned for t in targets if t):
+                out.append(s)
+                continue
+            sites = self.p.callers(f)
+            if not sites or self.p.references(f):
+                out.append(s)
+                continue
+            virtual = []
+            try:
+                self._read_seed(s)
+                for cs in sites:
+                    st = stmt_of(cs.node)
+                    if not (isinstance(st, ast.Assign) and st.value is cs.node and len(st.targets) == 1):
+                        raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno}: its result is not "
+                                     "assigned; the scaler cannot be made beside it")
+                    t = st.targets[0]
+                    telts = list(t.elts) if isinstance(t, (ast.Tuple, ast.List)) else [t]
+                    if len(telts) != len(returned):
+                        raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} unpacks "
+                                     f"{len(telts)} values of {len(returned)}")
+                    v = Seed(s.use, nxt)
+                    nxt += 1
+                    v.module, v.func, v.stmt, v.call = cs.module, cs.caller, st, cs.node
+                    v.exported_from = (s, cs, telts, returned)
+                    v.models = telts[returned.index(targets[0])] if targets[0] in returned else None
+                    opt_target = targets[1] if len(targets) > 1 else None
+                    passed = cs.argument(_param_of(s, f, "optimizers", 1)) if opt_target else None
+                    v.optimizers = telts[returned.index(opt_target)] if opt_target in returned else None
+                    v.training = v.optimizers is not None and not is_const(passed, None)
+                    virtual.append(v)
+            except Refuse as exc:
+                bad[s.idx] = str(exc)
+                out.append(s)
+                continue
+            s.exported = True
+            s.moved_to = [v.idx for v in virtual]
+            out.append(s)
+            out.extend(virtual)
+        return out
 
     def _orphan_reason(self, u: Use, solver: Solver) -> str:
         why = solver.why.get(Solver.key(u.module, u.func))
@@ -467,13 +541,17 @@ class GroupPlan(Rewriter):
         g = self.g
         training = [s for s in g.seeds if s.training]
         for s in g.seeds:
-            if s.use.kind == "init":
+            if getattr(s, "exported", False):
+                self._exported_away(s)
+            elif s.use.kind == "init":
                 self._amp_init(s)
             elif s.training:
                 self._training_seed(s)
             else:
                 self._inference_seed(s)
-        if training and not self.pure and not any(u.kind == "scale_loss" for u, _ in g.needs):
+        training = [s for s in training if not getattr(s, "exported", False)]
+        if training and not self.pure and not any(u.kind == "scale_loss" for u, _ in g.needs) and \
+                all(getattr(s, "exported_from", None) is None for s in training):
             s = training[0]
             raise Refuse(f"the optimizer of amp.initialize at line {s.use.line} is never used with amp.scale_loss in "
                          "the files given: its backward is unscaled; add the scaled backward by hand, or give "
@@ -518,6 +596,17 @@ class GroupPlan(Rewriter):
                 fc.removes.extend(apex_import_specs(m))
 
     # -- seeds -----------------------------------------------------------------------------------
+    def _exported_away(self, s: Seed) -> None:
+        """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
+        its arguments) and the function returns the model and optimizer as they are."""
+        after = self._reassign(s)
+        fc = self.fc(s.module)
+        if after:
+            fc.replace_statement(s.stmt, after)
+        else:
+            fc.remove(s.stmt)
+        self.notes.add(f"`{s.func.qualname}` no longer initializes apex: each caller makes the GradScaler")
+
     def _options(self, s: Seed):
         call = s.call
         kws = kwargs(call)
@@ -587,6 +676,9 @@ class GroupPlan(Rewriter):
             if a in gs or isinstance(a, DEFS):
                 continue
             if isinstance(a, ast.If):  # stmt is in its else branch
+                if a.orelse and isinstance(a.orelse[0], ast.If) and len(a.orelse) == 1:
+                    raise Refuse(f"line {stmt.lineno} runs in one branch of the if/elif chain at line {a.lineno}: "
+                                 "the scaler must exist wherever the step runs; make it once, before, by hand")
                 raise Refuse(f"line {stmt.lineno} runs in the `else` of the `if` at line {a.lineno}: the scaler "
                              "must exist wherever the step runs; make it once, before, by hand")
             kind = {ast.For: "a `for` loop", ast.While: "a `while` loop", ast.With: "a `with` block"}.get(
@@ -608,8 +700,21 @@ class GroupPlan(Rewriter):
             cond = conj(as_bool(s.module.src.code(gd.test), gd.test), cond) if cond != "False" else cond
         return (gs[-1] if gs else stmt), cond
 
+    def _exported_options(self, s: Seed):
+        """The options of the seed a virtual seed came from, said in its caller's terms."""
+        orig, cs, telts, returned = s.exported_from
+        enabled, notes, scaler_args, pure = self._options(orig)
+        gs = guards(orig.stmt, orig.unit)
+        for gd in reversed(gs):
+            enabled = conj(as_bool(orig.module.src.code(gd.test), gd.test), enabled)
+        mapped = [_substitute(x, orig, cs) for x in [enabled, *scaler_args]]
+        return mapped[0], notes, mapped[1:], pure
+
     def _training_seed(self, s: Seed) -> None:
-        enabled, notes, scaler_args, pure = self._options(s)
+        if getattr(s, "exported_from", None) is not None:
+            enabled, notes, scaler_args, pure = self._exported_options(s)
+        else:
+            enabled, notes, scaler_args, pure = self._options(s)
         self.notes |= notes
         m = s.module
         code = m.src.code
@@ -617,6 +722,17 @@ class GroupPlan(Rewriter):
         if pure:
             self.pure = True
             self._pure_fp16(s)
+            return
+        if getattr(s, "exported_from", None) is not None:
+            at, cond = self._hoist(s, enabled, set())
+            target = self._scaler_target(s)
+            col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
+            args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
+            made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+            self.enabled[s.idx] = cond
+            fc.insert_after(s.stmt, [made])
+            if target.startswith("self."):
+                self._default_in_init(s)
             return
         reads = read(s.call)
         at, cond = self._hoist(s, enabled, reads)
@@ -752,43 +868,77 @@ class GroupPlan(Rewriter):
     def _inference_seed(self, s: Seed) -> None:
         """``model = amp.initialize(model, opt_level=...)`` with no optimizer: what uses the model
         after it runs under autocast (or the model is .half() for O3)."""
-        enabled, notes, scaler_args, pure = self._options(s)
+        moved = getattr(s, "exported_from", None) is not None
+        enabled, notes, scaler_args, pure = self._exported_options(s) if moved else self._options(s)
         self.notes |= {n for n in notes if "loss" not in n}
         if pure:
+            if moved:
+                raise Refuse(f"opt_level O3 in `{s.exported_from[0].func.qualname}`: convert the model with .half() "
+                             "by hand where it is called")
             self.pure = True
             self._pure_fp16(s)
             return
         fc = self.fc(s.module)
-        at, cond = self._hoist(s, enabled, read(s.call))
-        after = self._reassign(s)
-        if after:
-            fc.replace_statement(s.stmt, after)
+        at, cond = self._hoist(s, enabled, set() if moved else read(s.call))
+        if not moved:
+            after = self._reassign(s)
+            if after:
+                fc.replace_statement(s.stmt, after)
+            else:
+                fc.remove(s.stmt)
         else:
-            fc.remove(s.stmt)
+            at = s.stmt
         model_names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
         model_names.discard(None)
         owner, field, block = block_of(at)
         idx = next(i for i, x in enumerate(block) if x is at)
-        # the statements after it that run the model (call it, or hand it to a function that
-        # may), each run of adjacent ones one region
-        regions = []
+        # apex patched torch for what ran after it: autocast covers the statements from the first
+        # that runs the model (or an object built from it) to the last such one
+        held = set(model_names)
+        touching = []
         for j in range(idx + 1, len(block)):
             x = block[j]
-            if not self._uses_model(x, model_names) or self._under_autocast(x):
+            if isinstance(x, ast.Return):
+                break
+            if self._under_autocast(x):
                 continue
-            if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
-                raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
-                             "without amp.scale_loss: add the scaled backward by hand")
-            if regions and regions[-1][1] == j - 1:
-                regions[-1] = (regions[-1][0], j)
-            else:
-                regions.append((j, j))
+            if self._uses_model(x, held) or self._calls_on(x, held - model_names):
+                if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
+                    raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
+                                 "without amp.scale_loss: add the scaled backward by hand")
+                touching.append(j)
+            held |= self._holders(x, held)
+        while touching and self._only_configures(block[touching[0]], model_names):
+            touching.pop(0)
+        regions = [(touching[0], touching[-1])] if touching else []
         if not regions:
             raise Refuse(f"nothing uses the model after amp.initialize at line {s.use.line} in this function, so "
                          "autocast has no forward to cover")
         for i, j in regions:
             self._add_region(s.module, block, i, j, autocast_call(self.s, cond))
         self.g.note_at_anchor = "inference: the model's forward runs under autocast (no GradScaler: nothing trains)"
+
+    def _holders(self, stmt, held: Set[str]) -> Set[str]:
+        """Names bound to an object built from the model (``r = Retriever(model)``,
+        ``m = get_model_obj(model)``): calling them may run it."""
+        out = set()
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+            call = stmt.value
+            name = (dotted(call.func) or "").split(".")[-1]
+            if any(dotted(a) in held for a in [*call.args, *(k.value for k in call.keywords)]) and (
+                    name[:1].isupper() or any(w in name.lower() for w in ("model", "encoder", "get_", "wrap"))):
+                for t in stmt.targets:
+                    out |= {dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]) if dotted(e)}
+        return out
+
+    def _calls_on(self, stmt, objs: Set[str]) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) in objs
+                   for n in [stmt, *walk(stmt)])
+
+    def _only_configures(self, stmt, names: Set[str]) -> bool:
+        """``model.eval()``, ``model.to(device)``: the model's own methods that do not run it."""
+        return isinstance(stmt, ast.Expr) and method_call(stmt.value, "eval", "train", "to", "cuda", "half", "float",
+                                                         "requires_grad_") and dotted(receiver(stmt.value)) in names
 
     def _uses_model(self, stmt, names: Set[str]) -> bool:
         """Whether a statement runs the model: calls it, or hands it to a function that may (not
@@ -1008,18 +1158,22 @@ class GroupPlan(Rewriter):
         the first statement that uses one: input preparation stays outside)."""
         out: Set[str] = set()
         for s in self.g.seeds:
-            if s.models is None or s.module is not module or s.func is not func:
+            if s.models is None or s.module is not module:
                 continue
-            for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models]):
-                d = dotted(e)
-                if d:
-                    out.add(d)
-            if isinstance(s.stmt, ast.Assign):
+            names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
+            if isinstance(s.stmt, ast.Assign) and not getattr(s, "exported_from", None):
                 t = s.stmt.targets[0]
-                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
-                    if dotted(e):
-                        out.add(dotted(e))
-        return out - {"self"}
+                names |= {dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
+            names.discard(None)
+            if s.func is func:
+                out |= names
+            elif func is not None and s.func is not None and func.cls is not None and func.cls is s.func.cls:
+                # another method of the seed's class: what the seed's method keeps on self
+                out |= {n for n in names if n.startswith("self.")}
+                for x in walk(s.func.node):
+                    if isinstance(x, ast.Assign) and dotted(x.value) in names:
+                        out |= {dotted(t) for t in x.targets if (dotted(t) or "").startswith("self.")}
+        return out - {"self", None}
 
     # -- steps and update ----------------------------------------------------------------------
     def _steps(self) -> None:
@@ -1251,6 +1405,91 @@ class GroupPlan(Rewriter):
         fc.edits.append(fc.b.insert_arg(cs.node, f"{self.name}={expr}"))
         self.g.anchors.setdefault(cs.module.path, []).append(
             (cs.node, f"`{cs.callee.qualname}` now takes the GradScaler of the apex.amp migration: pass it here"))
+
+
+def _returned_names(f) -> List[str]:
+    """The names a function returns (``return model, optimizer``), the same at every return."""
+    out = None
+    for n in walk(f.node):
+        if isinstance(n, ast.Return):
+            v = n.value
+            names = [dotted(e) for e in (v.elts if isinstance(v, (ast.Tuple, ast.List)) else [v])] if v is not None else []
+            if None in names or (out is not None and names != out):
+                return []
+            out = names
+    return out or []
+
+
+def _param_of(s, f, keyword: str, position: int) -> Optional[str]:
+    """The parameter of ``f`` that the seed's argument ``keyword``/``position`` reads, if it is one."""
+    a = arg(s.call, keyword, position)
+    if isinstance(a, ast.Name) and (a.id in f.positional or a.id in f.kwonly):
+        return a.id
+    return None
+
+
+def _substitute(text: str, orig, cs) -> str:
+    """An expression over the parameters of the seed's function, said with the call's arguments
+    (or the parameters' defaults); a name that is neither refuses."""
+    f = orig.func
+    tree = ast.parse(text, mode="eval")
+    defaults = {}
+    a = f.node.args
+    pos = [*getattr(a, "posonlyargs", []), *a.args]
+    for p, d in zip(pos[len(pos) - len(a.defaults):], a.defaults):
+        defaults[p.arg] = orig.module.src.code(d)
+    for p, d in zip(a.kwonlyargs, a.kw_defaults):
+        if d is not None:
+            defaults[p.arg] = orig.module.src.code(d)
+
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id in ("True", "False", "None", "bool", "float", "int", "str"):
+                return node
+            if node.id in f.positional or node.id in f.kwonly:
+                argv = cs.argument(node.id)
+                src = cs.module.src.code(argv) if argv is not None else defaults.get(node.id)
+                if src is None:
+                    raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} does not pass `{node.id}`")
+                return ast.parse(src, mode="eval").body
+            raise Refuse(f"amp.initialize in `{f.qualname}` depends on `{node.id}`, which its callers cannot see")
+
+    return ast.unparse(_fold(Sub().visit(tree)))
+
+
+def _fold(tree):
+    """Fold what became constant (``'O1' != 'O0'``, ``True and x``) after substitution."""
+    class Fold(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            if isinstance(node.left, ast.Constant) and len(node.ops) == 1 and isinstance(node.comparators[0], ast.Constant):
+                try:
+                    return ast.Constant(eval(compile(ast.Expression(node), "<fold>", "eval")))
+                except Exception:
+                    return node
+            return node
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id == "bool" and len(node.args) == 1 and \
+                    isinstance(node.args[0], ast.Constant):
+                return ast.Constant(bool(node.args[0].value))
+            return node
+
+        def visit_BoolOp(self, node):
+            self.generic_visit(node)
+            vals = []
+            for v in node.values:
+                if isinstance(v, ast.Constant) and isinstance(v.value, bool):
+                    if isinstance(node.op, ast.And) and v.value is False or isinstance(node.op, ast.Or) and v.value:
+                        return ast.Constant(v.value)
+                    continue
+                vals.append(v)
+            if not vals:
+                return ast.Constant(isinstance(node.op, ast.And))
+            return vals[0] if len(vals) == 1 else ast.BoolOp(op=node.op, values=vals)
+
+    return Fold().visit(tree)
 
 
 def _runs_as_often(a, b, unit) -> bool:
