@@ -1,6 +1,7 @@
 """The ``ampfix`` command line."""
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -23,8 +24,10 @@ def _common(f):
         click.option("--select", help="Comma-separated rule codes or prefixes to enable (replaces the default set)."),
         click.option("--extend-select", help="Rule codes or prefixes to enable on top of the selection."),
         click.option("--ignore", help="Comma-separated rule codes or prefixes to disable."),
-        click.option("--target", help="Native spelling to write: torch.amp (default) or torch.cuda.amp."),
-        click.option("--torch-version", help="The torch release the code runs on, e.g. 1.13 or 2.4."),
+        click.option("--target", help="Native spelling to write: torch.amp or torch.cuda.amp (default: what the "
+                                       "project's torch has: torch.amp from 2.3)."),
+        click.option("--torch-version", help="The torch release the code runs on, e.g. 1.13 or 2.4 (default: the "
+                                              "project's pin in requirements/pyproject/setup, else 2.4)."),
         click.option("--extend-exclude", multiple=True, help="More glob patterns to exclude."),
         click.option("--no-respect-gitignore", is_flag=True, help="Check files that .gitignore excludes."),
         click.option("--stdin-filename", help="The name to report for code read from '-'."),
@@ -58,7 +61,12 @@ def _config(kw) -> Config:
     if kw["target"]:
         cfg.settings = cfg.settings.with_overrides(target=check_target(kw["target"]))
     if kw["torch_version"]:
-        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(kw["torch_version"]))
+        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(kw["torch_version"]),
+                                                   torch_version_source="--torch-version")
+    else:
+        from ampfix.config import with_pinned_torch
+
+        cfg = with_pinned_torch(cfg, start if start.exists() else Path.cwd())
     cfg.extend_exclude += list(kw["extend_exclude"])
     if kw["no_respect_gitignore"]:
         cfg.respect_gitignore = False
@@ -214,6 +222,28 @@ def explain(code):
     click.echo(f"{rule.summary}\n")
     click.echo(f"Fix: {fix}.  On by default: {'yes' if rule.default else 'no'}.  Advice holds from torch {rule.since}.\n")
     click.echo(rule.documentation())
+
+
+@main.command("convert-checkpoint")
+@click.argument("old", type=click.Path())
+@click.argument("new", type=click.Path())
+@click.option("--model-key", help="The key of the model's state dict in the checkpoint (when several hold float16).")
+def convert_checkpoint(old, new, model_key):
+    """Convert a checkpoint an apex program wrote (amp loss scaler, FP16_Optimizer state, float16
+    weights with float32 masters) for the migrated program.  Needs torch; never runs pickled code."""
+    from ampfix.checkpoint import ConvertError, convert_file
+
+    if os.path.abspath(old) == os.path.abspath(new):
+        click.echo("ampfix: error: write the converted checkpoint to a new file (NEW must differ from OLD)", err=True)
+        sys.exit(EXIT_ERROR)
+    try:
+        report = convert_file(old, new, model_key)
+    except ConvertError as exc:
+        click.echo(f"ampfix: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(f"{old} -> {new}")
+    for line in report:
+        click.echo(f"  {line}")
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -104,6 +104,31 @@ def find_config(start: Path) -> Optional[Path]:
     return None
 
 
+def project_dir(start: Path) -> Path:
+    """The nearest folder at or above ``start`` that holds a project file (pyproject.toml,
+    setup.py, setup.cfg, requirements.txt, .git)."""
+    start = start.resolve()
+    if start.is_file():
+        start = start.parent
+    for d in [start, *start.parents]:
+        if any((d / m).exists() for m in ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", ".git")):
+            return d
+    return start
+
+
+def with_pinned_torch(cfg: "Config", start: Path) -> "Config":
+    """When nothing set torch-version, the release the project's dependency files pin."""
+    if cfg.settings.torch_version_source != "default":
+        return cfg
+    from ampfix.deps import find_torch_pin
+
+    found = find_torch_pin(project_dir(start))
+    if found is not None:
+        version, source = found
+        cfg.settings = cfg.settings.with_overrides(torch_version=version, torch_version_source=source)
+    return cfg
+
+
 def load_config(path: Optional[Path], start: Optional[Path] = None) -> Config:
     """Load ``path`` (or search upwards from ``start``); defaults when none is found."""
     if path is None:
@@ -159,7 +184,8 @@ def apply_table(cfg: Config, table: dict, origin: str) -> None:
     if "target" in table:
         cfg.settings = cfg.settings.with_overrides(target=check_target(table["target"], origin))
     if "torch-version" in table:
-        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(table["torch-version"], origin))
+        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(table["torch-version"], origin),
+                                                   torch_version_source=f"{origin}: torch-version")
 
 
 def check_target(value, origin="--target") -> str:

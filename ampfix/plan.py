@@ -37,6 +37,8 @@ class FilePlan:
     #: a note said with the diagnostic at a position (why it is left alone, what changed)
     notes: Dict[Pos, str] = field(default_factory=dict)
     reports: List[PlannedReport] = field(default_factory=list)
+    #: facts a rule reads at a position ("uninitialized": an apex use no amp.initialize reaches)
+    flags: Dict[Pos, str] = field(default_factory=dict)
 
     def fix_at(self, node) -> Optional[Fix]:
         return self.fixes.get((node.lineno, node.col_offset))
@@ -46,14 +48,14 @@ class FilePlan:
 
     def merged(self, other: "FilePlan") -> "FilePlan":
         return FilePlan(self.path, {**self.fixes, **other.fixes}, {**self.notes, **other.notes},
-                        [*self.reports, *other.reports])
+                        [*self.reports, *other.reports], {**self.flags, **other.flags})
 
     def without_fixes(self) -> "FilePlan":
         """For the passes after the first: positions no longer match the edited text."""
         return FilePlan(self.path)
 
     def __bool__(self) -> bool:
-        return bool(self.fixes or self.notes or self.reports)
+        return bool(self.fixes or self.notes or self.reports or self.flags)
 
 
 def planners_of(rules) -> list:

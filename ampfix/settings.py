@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Tuple
+from typing import Optional, Tuple
 
 TARGETS = ("torch.amp", "torch.cuda.amp")
 
@@ -18,14 +18,25 @@ def parse_version(text: str) -> Tuple[int, int]:
 
 @dataclass(frozen=True)
 class Settings:
-    #: What native spelling fixes write: "torch.amp" (torch>=2.3 style) or "torch.cuda.amp".
-    target: str = "torch.amp"
+    #: What native spelling fixes write: "torch.amp" or "torch.cuda.amp"; None: what the torch
+    #: release has (torch.amp from 2.3 on).
+    target_setting: Optional[str] = None
     #: The torch release the code runs on; rules whose advice depends on it read it.
     torch_version: Tuple[int, int] = (2, 4)
+    #: Where torch_version came from ("--torch-version", "requirements.txt: torch>=1.13", "default").
+    torch_version_source: str = "default"
     #: Files larger than this (bytes) are skipped with a message.
     max_file_size: int = 10 * 1024 * 1024
 
+    @property
+    def target(self) -> str:
+        if self.target_setting:
+            return self.target_setting
+        return "torch.amp" if self.torch_version >= (2, 3) else "torch.cuda.amp"
+
     def with_overrides(self, **kw) -> "Settings":
+        if "target" in kw:
+            kw["target_setting"] = kw.pop("target")
         if "torch_version" in kw and isinstance(kw["torch_version"], str):
             kw["torch_version"] = parse_version(kw["torch_version"])
         return replace(self, **kw)

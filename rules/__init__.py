@@ -5,6 +5,7 @@ from ampfix.rules.apex_normalization import ApexNormalization
 from ampfix.rules.apex_optimizers import ApexOptimizers
 from ampfix.rules.apex_other import ApexOther
 from ampfix.rules.apex_parallel import ApexParallel
+from ampfix.rules.apex_uninitialized import ApexUninitialized
 from ampfix.rules.backward_in_autocast import BackwardInAutocast
 from ampfix.rules.clip_scaled_grads import ClipScaledGrads
 from ampfix.rules.conv_bias_bn import ConvBiasBeforeBn
@@ -22,6 +23,8 @@ from ampfix.rules.manual_half import ManualHalf
 from ampfix.rules.non_blocking import NonBlocking
 from ampfix.rules.scaler_dtype import ScalerDtype
 from ampfix.rules.scaler_in_loop import ScalerInLoop
+from ampfix.rules.scaler_step_without_scale import ScalerStepWithoutScale
+from ampfix.rules.scaler_unused import ScalerUnused
 from ampfix.rules.scaler_update import ScalerUpdate
 from ampfix.rules.step_bypasses_scaler import StepBypassesScaler
 from ampfix.rules.sync_in_loop import SyncInLoop
@@ -35,6 +38,7 @@ RULES = [
     ApexParallel,
     ApexOptimizers,
     ApexNormalization,
+    ApexUninitialized,
     DataParallelAutocast,
     DeprecatedCudaAmp,
     ScalerInLoop,
@@ -45,6 +49,8 @@ RULES = [
     ManualHalf,
     ScalerDtype,
     CustomFwdDevice,
+    ScalerStepWithoutScale,
+    ScalerUnused,
     ZeroGrad,
     CpuTensorToDevice,
     SyncInLoop,

@@ -300,6 +300,31 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # the project runs torch 1.13: torch.amp.GradScaler does not exist there (2.3)
+            """
+            from apex import amp
+            model, opt = amp.initialize(model, opt)
+            for x in loader:
+                loss = model(x)
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+                opt.step()
+            """,
+            count=2,
+            settings={"torch_version": "1.13"},
+            expected="""
+            import torch
+
+            scaler = torch.cuda.amp.GradScaler()
+            for x in loader:
+                with torch.cuda.amp.autocast(dtype=torch.float16):
+                    loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            """,
+        ),
+        Invalid(
             """
             from apex import amp
             model, opt = amp.initialize(model, opt, opt_level="O3", loss_scale="dynamic")

@@ -94,8 +94,8 @@ class ZeroGrad(Rule):
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
-        if not method_call(node, "zero_grad"):
-            return
+        if not method_call(node, "zero_grad") or self.settings.torch_version < (1, 7):
+            return  # set_to_none came in 1.7
         modern = self.settings.torch_version >= (2, 0)
         a = arg(node, "set_to_none", 0)
         if a is None:

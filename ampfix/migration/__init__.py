@@ -108,6 +108,42 @@ class FileChanges:
         return edits
 
 
+def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
+    """A helper function the migration needs, once per module, after its top imports (before
+    any use at module level)."""
+    done = getattr(fc, "helpers", None)
+    if done is None:
+        done = fc.helpers = set()
+    if key in done:
+        return
+    done.add(key)
+    body = module.tree.body
+    i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
+    last = None
+    while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _only_imports(body[i])):
+        last = body[i]
+        i += 1
+    lines = text.rstrip("\n").split("\n")
+    if last is not None:
+        src = module.src
+        nxt = src.line_text(last.end_lineno + 1) if last.end_lineno < src.line_count else ""
+        fc.insert_after(last, ["", "", *lines, *(["", ""] if nxt.strip() else [])], indent="")
+    elif i < len(body):
+        fc.insert_before(body[i], [*lines, "", ""])
+    else:
+        raise Refuse("the module has no statement to put a helper before")
+
+
+def _only_imports(node) -> bool:
+    from ampfix.semantic import iter_statements
+
+    if not isinstance(node, (ast.Try, ast.If)):
+        return False
+    inner = list(iter_statements([node]))[1:]
+    return bool(inner) and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Pass, ast.Raise, ast.Assign, ast.Expr))
+                               for x in inner)
+
+
 class Group:
     """What changes together; ``uses`` are the apex nodes (per path) its fix resolves."""
 
@@ -181,6 +217,10 @@ def plan(project) -> Dict[str, FilePlan]:
             except Exception as exc:  # a bug: the group is left whole, the run goes on
                 g.refusal = f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
         _emit(project, g, out)
+    for path, nodes in getattr(project, "uninitialized", {}).items():
+        fp = out.setdefault(path, FilePlan(path))
+        for n in nodes:
+            fp.flags[(n.lineno, n.col_offset)] = "uninitialized"
     return out
 
 

@@ -62,6 +62,15 @@ def availability_check(node) -> Optional[ast.stmt]:
     return None
 
 
+SCALER_STATE_HELPER = '''def _scaler_state(scaler, state):
+    """GradScaler state from a checkpoint, also one that apex.amp saved before the migration."""
+    if "loss_scaler0" in state:  # apex.amp.state_dict(): {"loss_scaler0": {"loss_scale", "unskipped"}}
+        old = state["loss_scaler0"]
+        return {**scaler.state_dict(), "scale": float(old["loss_scale"]), "_growth_tracker": int(old["unskipped"])}
+    return state
+'''
+
+
 def kind_of(qname: str) -> str:
     return qname[len("apex.amp."):].split(".")[0] if qname.startswith("apex.amp.") else ""
 
@@ -250,6 +259,12 @@ class AmpPlanner:
         if not uses:
             return []
         seeds = [Seed(u, i) for i, u in enumerate(x for x in uses if x.kind in ("initialize", "init"))]
+        if not seeds and not self.p.mentioned_elsewhere("initialize") and not self.p.mentioned_elsewhere("init"):
+            # nothing initializes apex anywhere: its scale_loss and master_params raise
+            self.p.uninitialized = {}
+            for u in uses:
+                if u.kind in ("scale_loss", "master_params"):
+                    self.p.uninitialized.setdefault(u.module.path, []).append(u.node)
         groups: List[Group] = []
         bad_seeds = {}
         for s in seeds:
@@ -550,9 +565,8 @@ class GroupPlan(Rewriter):
             else:
                 self._inference_seed(s)
         training = [s for s in training if not getattr(s, "exported", False)]
-        if training and not self.pure and not any(u.kind == "scale_loss" for u, _ in g.needs) and \
-                all(getattr(s, "exported_from", None) is None for s in training):
-            s = training[0]
+        if training and not self.pure and not any(u.kind == "scale_loss" for u, _ in g.needs):
+            s = getattr(training[0], "exported_from", (training[0],))[0]
             raise Refuse(f"the optimizer of amp.initialize at line {s.use.line} is never used with amp.scale_loss in "
                          "the files given: its backward is unscaled; add the scaled backward by hand, or give "
                          "ampfix the files that train")
@@ -1300,13 +1314,24 @@ class GroupPlan(Rewriter):
             fc.touched.add(id(gd))
 
     def _state_dict(self, u: Use, c: Carrier) -> None:
+        """``amp.state_dict()`` -> the scaler's; ``amp.load_state_dict(x)`` -> the scaler's, through a
+        helper that also reads what apex saved before the migration (its
+        ``{"loss_scaler0": {"loss_scale", "unskipped"}}``), so old checkpoints still resume."""
         if self.pure:
             raise Refuse(f"amp.{u.kind} at line {u.line}: O3 has no loss scaler to save")
         fc = self.fc(u.module)
-        fc.replace(u.node, f"{c.expr}.{u.kind}")
-        if u.kind == "load_state_dict":
-            self.notes.add("checkpoints saved by apex hold its loss-scaler state; `ampfix convert-checkpoint` "
-                           "turns them into GradScaler state")
+        if u.kind == "state_dict":
+            fc.replace(u.node, f"{c.expr}.state_dict")
+            return
+        call = u.call
+        if call is None or len(call.args) != 1 or call.keywords:
+            raise Refuse(f"amp.load_state_dict at line {u.line} is not called with one state")
+        code = u.module.src.code
+        fc.replace(call, f"{c.expr}.load_state_dict(_scaler_state({c.expr}, {code(call.args[0])}))")
+        from ampfix.migration import add_module_helper
+
+        add_module_helper(fc, u.module, SCALER_STATE_HELPER, "_scaler_state")
+        self.notes.add("old checkpoints: _scaler_state() reads apex's loss-scaler state too")
 
     def _bare(self, u: Use, c: Carrier) -> None:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its

@@ -20,7 +20,7 @@ import ast
 from typing import Dict, List
 
 from ampfix.analysis import has_star, string_value
-from ampfix.migration import Group, Refuse
+from ampfix.migration import Group, Refuse, add_module_helper
 from ampfix.migration.amp import FUNCTION_KINDS, kind_of
 from ampfix.migration.flow import stmt_of
 from ampfix.migration.spell import autocast_off
@@ -139,32 +139,9 @@ class FunctionApiPlanner:
         g.description = "apex.amp function API -> torch.autocast"
 
     def _add_helpers(self, fc, m, names) -> None:
-        """The helpers, once, after the module's top imports (before any use at module level)."""
         s = self.p.settings
-        body = m.tree.body
-        i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
-        last = None
-        while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom, ast.Try, ast.If)) and (
-                isinstance(body[i], (ast.Import, ast.ImportFrom)) or _only_imports(body[i])):
-            last = body[i]
-            i += 1
-        text = "\n\n".join(HELPER.format(name=n, dtype=DTYPE[n][0], method=DTYPE[n][1], off=autocast_off(s))
-                           for n in names)
-        lines = ["", "", *text.rstrip("\n").split("\n")]
-        nxt = m.src.line_text(last.end_lineno + 1) if last is not None and last.end_lineno < m.src.line_count else ""
-        if nxt.strip():
-            lines += ["", ""]
-        if last is not None:
-            fc.insert_after(last, lines, indent="")
-        elif i < len(body):
-            fc.insert_before(body[i], [*text.rstrip("\n").split("\n"), "", ""])
-        else:
-            raise Refuse("the module has no statement to put the helper before")
+        for n in names:
+            add_module_helper(fc, m, HELPER.format(name=n, dtype=DTYPE[n][0], method=DTYPE[n][1],
+                                                   off=autocast_off(s)), n)
 
 
-def _only_imports(node) -> bool:
-    from ampfix.semantic import iter_statements
-
-    inner = list(iter_statements([node]))[1:]
-    return bool(inner) and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Pass, ast.Raise, ast.Assign, ast.Expr))
-                               for x in inner)

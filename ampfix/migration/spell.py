@@ -34,10 +34,7 @@ STATIC_NOTE = ("static loss scale: GradScaler starts at it and never grows (grow
 
 def target(settings) -> str:
     """``torch.amp`` or ``torch.cuda.amp``: as configured, else what the torch release has."""
-    t = getattr(settings, "target", None)
-    if t:
-        return t
-    return "torch.amp" if settings.torch_version >= TORCH_AMP_SCALER else "torch.cuda.amp"
+    return settings.target
 
 
 def scaler_call(settings, args: List[str], indent: int = 0, head: str = "") -> str:

@@ -1,0 +1,126 @@
+import ast
+
+from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, is_const, method_call
+from ampfix.rule import Invalid, Rule, Valid
+from ampfix.semantic import dotted, walk
+
+
+class ScalerUnused(Rule):
+    """
+    ## What it does
+    Reports a `GradScaler` that nothing uses (made, never read), and one that scales losses in a
+    module with no autocast region and no float16 model or cast: training in float32 with loss
+    scaling.
+
+    ## Why is this bad?
+    A GradScaler only guards float16 gradients against underflow; it does not make anything run
+    in half precision.  Without autocast (or a `.half()` model) every op still runs in float32:
+    no speed-up, no memory saved, and the scaler's inf checks cost a host sync every step.  A
+    scaler made and never used is a migration that quietly dropped mixed precision.
+
+    ## Example
+    ```python
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        loss = loss_fn(model(x), y)          # float32
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    ```
+
+    ## Use instead
+    ```python
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    ```
+    """
+
+    code = "AMP212"
+    name = "scaler-without-autocast"
+    summary = "GradScaler that nothing uses, or that scales losses with no autocast or float16 model in the module"
+    since = "1.6"
+    triggers = ("GradScaler",)
+
+    VALID = [
+        Valid(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            with torch.autocast("cuda"):
+                loss = model(x)
+            scaler.scale(loss).backward()
+            """
+        ),
+        Valid(
+            # passed on: whoever receives it may autocast
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            train(model, scaler)
+            """
+        ),
+        Valid("import torch\nscaler = torch.amp.GradScaler('cuda', enabled=False)\n"),
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                loss = model(x)
+                loss.backward()
+                opt.step()
+            """,
+            message="nothing uses",
+        ),
+        Invalid(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                loss = model(x)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            """,
+            message="no autocast",
+        ),
+    ]
+
+    def visit_Module(self, node: ast.Module) -> None:
+        made = []
+        for n in walk(node, into_functions=True):
+            if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Call) and \
+                    self.qnames(n.value) & GRADSCALER and not is_const(arg(n.value, "enabled"), False):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                made.append((n.value, [dotted(t) for t in targets if dotted(t)]))
+        if not made:
+            return
+        reads = {}
+        for n in walk(node, into_functions=True):
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                d = dotted(n)
+                if d:
+                    reads.setdefault(d, []).append(n)
+        text = self.src.text
+        half = "half" in text or any(isinstance(n, (ast.Name, ast.Attribute)) and self.qnames(n) & FLOAT16
+                                     for n in walk(node, into_functions=True))
+        autocast = "autocast" in text
+        for call, names in made:
+            used = [r for name in names for r in reads.get(name, [])]
+            if not used:
+                self.report(call, "a GradScaler that nothing uses: mixed precision was dropped here (no scaled "
+                                  "backward, no autocast); remove it or use it")
+                continue
+            scales = any(method_call(getattr(r, "_p", None), "scale") for r in used if isinstance(
+                getattr(r, "_p", None), ast.Attribute) for _ in [0]) or any(
+                isinstance(getattr(r, "_p", None), ast.Attribute) and r._p.attr == "scale" for r in used)
+            passed = any(not (isinstance(getattr(r, "_p", None), ast.Attribute) and r._p.value is r) for r in used)
+            if scales and not passed and not autocast and not half:
+                self.report(call, "a GradScaler with no autocast region and no float16 model in this module: "
+                                  "every op still runs in float32; wrap the forward pass in torch.autocast")
