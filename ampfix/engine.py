@@ -203,9 +203,17 @@ def _source_error(path: str, exc: SourceError) -> FileResult:
     return error_result(path, exc.message, exc.line, exc.col, IO_ERROR)
 
 
+def _inside(inner: Edit, region: Edit) -> bool:
+    lo, hi = region.keep
+    return region.region and lo <= inner.start and inner.end <= hi and (inner.start, inner.end) != (region.start,
+                                                                                                   region.end)
+
+
 def _overlap(a: Edit, b: Edit) -> bool:
     if a == b:
         return False
+    if _inside(a, b) or _inside(b, a):
+        return False  # one lies in the part of the other's region that stays: they compose
     if a.start == a.end and b.start == b.end:
         return a.start == b.start
     if a.start == a.end:
@@ -216,8 +224,10 @@ def _overlap(a: Edit, b: Edit) -> bool:
 
 
 def choose(fixes: Sequence[Fix]) -> List[Fix]:
-    """Fixes whose edits do not overlap, by position (the rest wait for the next pass)."""
-    ordered = sorted(fixes, key=lambda f: min((e.start for e in f.edits), default=0))
+    """Fixes whose edits do not overlap: planned migrations first (they cannot wait: their
+    positions hold for the original text only), then by position (the rest wait for the next
+    pass)."""
+    ordered = sorted(fixes, key=lambda f: (f.group is None, min((e.start for e in f.edits), default=0)))
     chosen: List[Fix] = []
     taken: List[Edit] = []
     for fix in ordered:
@@ -280,6 +290,11 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         if not fixes:
             break
         chosen = choose(fixes)
+        for f in fixes:
+            if f.group is not None and all(f is not c for c in chosen):
+                # a planned fix that cannot go in with the others: its group is taken back everywhere
+                failed.append((f, "its edits overlap another planned fix"))
+                seen_failed.add((f.description, next((r.line for r in reports if r.fix is f), 0)))
         new_text = _try_apply(src.text, path, chosen, failed, seen_failed, reports)
         if new_text is None or new_text == src.text:
             break
@@ -408,10 +423,44 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
     planners = planners_of(rules_by_code()[c] for c in sorted({c for _, codes in jobs for c in codes}))
     plans = plan_projects(jobs, settings, planners)
     tasks = [(p, codes, settings, fix, plans.get(p)) for p, codes in jobs]
+    results = _run_tasks(tasks, workers)
+    if fix:
+        # a migration group that failed in one file is taken back in all of its files
+        failed: set = set()
+        while True:
+            new = {g for r in results for g in r.failed_groups} - failed
+            if not new:
+                break
+            failed |= new
+            redo = [i for i, (p, codes, st, fx, plan) in enumerate(tasks)
+                    if plan and any(f.group in failed for f in plan.fixes.values())]
+            for i in redo:
+                p, codes, st, fx, plan = tasks[i]
+                tasks[i] = (p, codes, st, fx, _without_groups(plan, failed))
+            for i, r in zip(redo, _run_tasks([tasks[i] for i in redo], workers)):
+                results[i] = r
+    return results
+
+
+def _without_groups(plan, groups):
+    """The plan without the fixes of ``groups``; their uses say why they were left."""
+    from ampfix.plan import FilePlan
+
+    fixes = {pos: f for pos, f in plan.fixes.items() if f.group not in groups}
+    notes = dict(plan.notes)
+    for pos, f in plan.fixes.items():
+        if f.group in groups:
+            notes.setdefault(pos, "not rewritten: another file of this migration could not take its part")
+    return FilePlan(plan.path, fixes, notes, [r for r in plan.reports if r.fix is None or r.fix.group not in groups],
+                    plan.flags)
+
+
+def _run_tasks(tasks, workers):
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(tasks) < PARALLEL_THRESHOLD:
-        results = [_work(t) for t in tasks]
-    else:
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            results = list(pool.map(_work, tasks, chunksize=max(1, len(tasks) // (n * 8))))
-    return results
+        return [_work(t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(_work, tasks, chunksize=max(1, len(tasks) // (n * 8))))

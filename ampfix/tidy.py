@@ -117,8 +117,39 @@ class Remover:
                 # an emptied block that must stay: one `pass` in place of its first statement
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]
-            edits.extend(self.b.remove_statement(s) for s in removed)
+            for s in removed:
+                e = self.b.remove_statement(s)
+                edits.append(self._with_apex_comment(s, e) if self._import_like(s) else e)
         return edits
+
+    def _with_apex_comment(self, s, e: Edit) -> Edit:
+        """The comment lines right above a removed apex import that speak of apex (``# use apex
+        for mixed precision``) describe what went: they go with it, or they would be debris."""
+        src = self.src
+        no = self.b.first_line(s) - 1
+        first = None
+        while no >= 1:
+            t = src.line_text(no).strip()
+            if not t.startswith("#"):
+                break
+            first = no
+            no -= 1
+        if first is None:
+            return e
+        block = " ".join(src.line_text(n) for n in range(first, self.b.first_line(s)))
+        if "apex" not in block.lower() or (no >= 1 and src.line_text(no).strip() and
+                                             not src.line_text(no).rstrip().endswith(":")):
+            return e
+        start = src.starts[first - 1]
+        after = s.end_lineno + 1
+        if after <= src.line_count and not src.line_text(after).strip():
+            line = first - 1
+            while line >= 1 and not src.line_text(line).strip():
+                start = src.starts[line - 1]
+                line -= 1
+            if line == 0:
+                start = src.starts[first - 1]
+        return Edit(min(e.start, start), e.end, e.text)
 
     def _is_elif(self, orelse) -> bool:
         first = orelse[0]
@@ -371,6 +402,44 @@ def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Bu
     return [Edit(at, at, text)]
 
 
+_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
+def dead_import_guards(src: Source, model: Model, builder: Builder) -> List[Edit]:
+    """``try: <no import any more> except ImportError: ...``: the handlers can no longer run; the
+    try becomes its body, when the names the handlers bind are also bound by the body (or no
+    longer read)."""
+    edits = []
+    uses = used_names(model)
+    for t in walk(model.tree, into_functions=True):
+        if not isinstance(t, ast.Try) or t.orelse or t.finalbody or not t.handlers:
+            continue
+        if not all(h.type is not None and all(_name_of(x) in _IMPORT_ERRORS for x in
+                                               (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]))
+                   for h in t.handlers):
+            continue
+        if any(isinstance(n, (ast.Import, ast.ImportFrom)) or (isinstance(n, ast.Call) and "import" in (
+                _name_of(n.func) or "")) for s in t.body for n in [s, *walk(s)]):
+            continue
+        in_body = names_bound(t.body)
+        only_handlers = names_bound(x for h in t.handlers for x in h.body) - in_body
+        inside = {id(n) for n in walk(t, into_functions=True)}
+        if any(n.id in only_handlers and id(n) not in inside for name in only_handlers for n in uses.get(name, [])):
+            continue
+        try:
+            edits.append(builder.unwrap(t, t.body))
+        except Conflict:
+            continue
+    return edits
+
+
+def _name_of(node) -> Optional[str]:
+    from ampfix.semantic import dotted
+
+    d = dotted(node)
+    return d.split(".")[-1] if d else None
+
+
 def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=None) -> str:
     """Apply import additions and removals to ``text`` (the result of a round of fixes)."""
     if not adds and not removes:
@@ -381,6 +450,14 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
     b = Builder(src)
     edits = removal_of_unused(src, model, removes, b) if removes else []
     out = apply_edits(text, edits) if edits else text
+    if edits:
+        # a guarded import whose imports went: its ImportError handlers are dead code now
+        src2 = Source(out.encode("utf-8"), path, text=out)
+        src2.parse()
+        model2 = Model(src2.tree, star_exports)
+        dead = dead_import_guards(src2, model2, Builder(src2))
+        if dead:
+            out = apply_edits(out, dead)
     if adds:
         if edits:
             src = Source(out.encode("utf-8"), path, text=out)

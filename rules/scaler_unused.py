@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, is_const, method_call
+from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, enclosing_function, is_const, method_call
 from ampfix.rule import Invalid, Rule, Valid
 from ampfix.semantic import dotted, walk
 
@@ -65,6 +65,19 @@ class ScalerUnused(Rule):
             """
         ),
         Valid("import torch\nscaler = torch.amp.GradScaler('cuda', enabled=False)\n"),
+        Valid(
+            # a wrapper that scales the loss its caller computed (under the caller's autocast)
+            """
+            import torch
+            class Scaler:
+                def __init__(self):
+                    self._scaler = torch.amp.GradScaler("cuda")
+                def __call__(self, loss, optimizer):
+                    self._scaler.scale(loss).backward()
+                    self._scaler.step(optimizer)
+                    self._scaler.update()
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -121,6 +134,21 @@ class ScalerUnused(Rule):
                 getattr(r, "_p", None), ast.Attribute) for _ in [0]) or any(
                 isinstance(getattr(r, "_p", None), ast.Attribute) and r._p.attr == "scale" for r in used)
             passed = any(not (isinstance(getattr(r, "_p", None), ast.Attribute) and r._p.value is r) for r in used)
+            # a scaler that scales a loss its function receives (a wrapper class): the caller computes it
+            passed = passed or any(_scales_a_parameter(r) for r in used)
             if scales and not passed and not autocast and not half:
                 self.report(call, "a GradScaler with no autocast region and no float16 model in this module: "
                                   "every op still runs in float32; wrap the forward pass in torch.autocast")
+
+
+def _scales_a_parameter(ref) -> bool:
+    """``scaler.scale(loss)`` where ``loss`` is a parameter of the function it is in."""
+    attr = getattr(ref, "_p", None)
+    call = getattr(attr, "_p", None)
+    if not (isinstance(attr, ast.Attribute) and attr.attr == "scale" and isinstance(call, ast.Call) and call.args):
+        return False
+    func = enclosing_function(call)
+    if func is None or not isinstance(call.args[0], ast.Name):
+        return False
+    a = func.args
+    return call.args[0].id in {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}

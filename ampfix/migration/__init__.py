@@ -126,8 +126,11 @@ def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
     lines = text.rstrip("\n").split("\n")
     if last is not None:
         src = module.src
-        nxt = src.line_text(last.end_lineno + 1) if last.end_lineno < src.line_count else ""
-        fc.insert_after(last, ["", "", *lines, *(["", ""] if nxt.strip() else [])], indent="")
+        no, blanks = last.end_lineno + 1, 0
+        while no <= src.line_count and not src.line_text(no).strip():
+            blanks, no = blanks + 1, no + 1
+        pad = ["", ""][:max(0, 2 - blanks)] if no <= src.line_count else []
+        fc.insert_after(last, ["", "", *lines, *pad], indent="")
     elif i < len(body):
         fc.insert_before(body[i], [*lines, "", ""])
     else:

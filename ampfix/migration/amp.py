@@ -240,6 +240,15 @@ class Solver:
             isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in walk(func.node))
 
 
+# a model's methods that do not run its forward
+NOT_FORWARD = frozenset({
+    "eval", "train", "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "requires_grad_", "parameters",
+    "named_parameters", "buffers", "named_buffers", "modules", "named_modules", "children", "named_children",
+    "state_dict", "load_state_dict", "zero_grad", "apply", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_buffer", "register_parameter", "add_module", "share_memory",
+    "type", "get_submodule", "get_parameter", "extra_repr", "__repr__"})
+
+
 class AmpPlanner:
     def __init__(self, project) -> None:
         self.p = project
@@ -961,6 +970,10 @@ class GroupPlan(Rewriter):
         for n in [stmt, *walk(stmt, into_functions=False)]:
             if isinstance(n, ast.Call):
                 if dotted(n.func) in names:
+                    return True
+                # its submodules and methods that compute (encoder.c(x), model.generate(x))
+                if (isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names
+                        and n.func.attr not in NOT_FORWARD):
                     return True
                 if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
                     if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:

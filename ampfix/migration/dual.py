@@ -80,6 +80,10 @@ class DualModule:
     # -- recognising the shape -------------------------------------------------------------------
     def applies(self) -> bool:
         tree = self.m.tree
+        if not self._native_path():
+            # no native path beside the apex one: the apex branch itself becomes native AMP (the
+            # other planners), and a has_apex flag keeps True, the value of that path
+            return False
         self._flags()
         self._selectors()
         if not self.compared and not self.cli and not self.flags:
@@ -88,6 +92,23 @@ class DualModule:
         # a dual path: some apex use sits in a branch that can no longer run
         uses = [n for n, q in apex_uses(self.m.sem, tree)]
         return any(id(n) in self.dead for n in uses)
+
+    def _native_path(self) -> bool:
+        """The module (or one it imports a twin from) already has native AMP: autocast, GradScaler,
+        torch.cuda.amp, a Native* wrapper class, or a "native" choice."""
+        from ampfix.analysis import AUTOCAST, GRADSCALER
+
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, (ast.Name, ast.Attribute)):
+                q = self.m.sem.qnames(n)
+                if q & (AUTOCAST | GRADSCALER) or any(x.startswith("torch.cuda.amp") or x.startswith("torch.amp")
+                                                       for x in q):
+                    return True
+                if "native" in ((dotted(n) or "").lower()) and "scaler" in (dotted(n) or "").lower():
+                    return True
+            if string_value(n) is not None and n.value.lower() == "native":
+                return True
+        return False
 
     def _flags(self) -> None:
         """``try: import apex...; has_apex = True / except ImportError: has_apex = False``."""
