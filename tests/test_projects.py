@@ -1,0 +1,87 @@
+"""Project goldens: fixtures/projects/<name>/before is a small multi-module project; `ampfix
+migrate --write` over the whole folder gives <name>/after, a second run changes nothing, and the
+migrated entry scripts run (on the CPU: autocast("cuda") and GradScaler("cuda") disable
+themselves)."""
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ampfix.cli import main
+
+PROJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
+# each project's entry scripts (relative to the project) and their arguments
+ENTRIES = {
+    "launcher_engine": [["tools/train_net.py", "--steps", "3"]],
+    "dual_path": [["train.py", "--steps", "3", "--amp-impl", "apex"], ["train.py", "--steps", "3"]],
+    "setup_returns": [["train.py", "--steps", "3"], ["embed.py"]],
+}
+
+
+def migrated(tmp_path, name):
+    work = tmp_path / name
+    shutil.copytree(PROJECTS / name / "before", work)
+    out = CliRunner().invoke(main, ["migrate", "--write", "--torch-version", "2.4", str(work)])
+    assert out.exit_code in (0, 1), out.output
+    return work, out.output
+
+
+def tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*.py"))
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_project_golden(tmp_path, name):
+    work, output = migrated(tmp_path, name)
+    after = PROJECTS / name / "after"
+    assert tree(work) == tree(after)
+    for rel in tree(after):
+        assert (work / rel).read_text() == (after / rel).read_text(), rel
+        assert "from apex" not in (work / rel).read_text() and "import apex" not in (work / rel).read_text()
+    assert not [line for line in output.splitlines() if "AMP1" in line and "left for a person" in line], output
+    again = CliRunner().invoke(main, ["migrate", "--torch-version", "2.4", str(work)])
+    assert "would be rewritten" not in again.output, again.output
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_project_after_runs(name):
+    after = PROJECTS / name / "after"
+    for entry in ENTRIES[name]:
+        out = subprocess.run([sys.executable, *entry], cwd=after, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "PYTHONPATH": str(after), "PYTHONDONTWRITEBYTECODE": "1"})
+        assert out.returncode == 0, (entry, out.stderr[-3000:])
+
+
+def test_project_given_in_part_is_refused_not_half_migrated(tmp_path):
+    """The launcher alone initializes apex, the engine that scales the loss is not given: the
+    launcher is left whole (a GradScaler that nothing uses would drop mixed precision)."""
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "launcher_engine" / "before", work)
+    out = CliRunner().invoke(main, ["migrate", "--write", "--torch-version", "2.4", str(work / "tools")])
+    assert "never used with amp.scale_loss" in out.output
+    assert filecmp.cmp(work / "tools" / "train_net.py", PROJECTS / "launcher_engine" / "before" / "tools" / "train_net.py",
+                       shallow=False)
+
+
+def test_old_apex_checkpoint_resumes_after_migration(tmp_path):
+    """A checkpoint that apex.amp saved (amp.state_dict(): loss_scaler0) loads into the migrated
+    script's GradScaler, and what it saves then is GradScaler state."""
+    ckpt = tmp_path / "old.pt"
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "amp": {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 7}}, "step": 5}, ckpt)
+    script = PROJECTS.parent / "apex" / "after" / "checkpoint_resume.py"
+    new = tmp_path / "new.pt"
+    out = subprocess.run([sys.executable, str(script), "--steps", "2", "--resume", str(ckpt), "--save", str(new)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed at step 5" in out.stdout
+    saved = torch.load(new)
+    assert saved["step"] == 7 and "loss_scaler0" not in saved["amp"]
