@@ -51,7 +51,8 @@ def _config(kw) -> Config:
                       start if start.exists() else Path.cwd())
     if kw["select"] is not None:
         cfg.select = _csv(kw["select"])
-        expand(cfg.select, "--select")
+        if not expand(cfg.select, "--select"):
+            raise ConfigError(f"--select {kw['select']!r} selects no rule (give codes or prefixes, e.g. AMP1, or ALL)")
     if kw["extend_select"]:
         cfg.extend_select += _csv(kw["extend_select"])
         expand(cfg.extend_select, "--extend-select")
@@ -90,13 +91,30 @@ def _run(kw, fix: Optional[str]):
         name = kw["stdin_filename"] or "-"
         codes = cfg.codes_for(Path(name), selected)
         data = sys.stdin.buffer.read()
-        return cfg, [check_source(data, name, [rules_by_code()[c] for c in codes], cfg.settings, fix)]
+        result = check_source(data, name, [rules_by_code()[c] for c in codes], cfg.settings, fix)
+        result.input = data  # stdin can be read once: the text to give back when nothing changes
+        return cfg, [result]
     for p in paths:
         if not Path(p).exists():
             raise ConfigError(f"{p}: no such file or folder")
-    files = list(discover(paths, cfg.root, cfg.all_excludes, cfg.respect_gitignore))
+    from ampfix import datafiles
+
+    from ampfix.engine import error_result
+
+    problems: list = []
+    files = list(discover(paths, cfg.root, cfg.all_excludes, cfg.respect_gitignore, problems))
     jobs = [(str(f), cfg.codes_for(f, selected)) for f in files]
-    return cfg, check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"])
+    results = check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"])
+    results += [error_result(path, why) for path, why in problems]
+    # dependency and environment files: read after the code, whose (fixed) imports they follow
+    rules = datafiles.file_rules(rules_by_code()[c] for c in selected)
+    from ampfix.project import project_root
+
+    others = datafiles.discover(paths, project_root(paths), rules, cfg.all_excludes) if rules else []
+    if others:
+        python = datafiles.python_texts(results, fixing=bool(fix))
+        results += datafiles.check(others, lambda p: cfg.codes_for(p, selected), rules, python, paths, fix)
+    return cfg, results
 
 
 def _guard(kw, body):
@@ -105,6 +123,8 @@ def _guard(kw, body):
     except ConfigError as exc:
         click.echo(f"ampfix: error: {exc}", err=True)
         return EXIT_ERROR
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # an internal error: one line unless --verbose
         if kw.get("verbose"):
             traceback.print_exc()
@@ -114,7 +134,54 @@ def _guard(kw, body):
         return EXIT_ERROR
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Ctrl-C exits 130 with one line (not click's "Aborted!" and 1, which reads as "problems
+    found"); SIGTERM stops the workers too; a closed pipe (`ampfix check | head`) ends quietly."""
+
+    def invoke(self, ctx):
+        import signal
+
+        def terminated(signum, frame):
+            raise SystemExit(128 + signum)
+
+        try:
+            signal.signal(signal.SIGTERM, terminated)
+        except ValueError:  # not the main thread (embedded use)
+            pass
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _stop_workers()
+            try:
+                sys.stderr.write("ampfix: interrupted\n")
+            except OSError:
+                pass
+            sys.exit(130)
+        except BrokenPipeError:
+            _quiet_stdout()
+            sys.exit(141)
+        except SystemExit:
+            _stop_workers()
+            raise
+
+
+def _stop_workers() -> None:
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
+def _quiet_stdout() -> None:
+    """After the reader of stdout went away: further writes (and the flush at exit) go nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ampfix")
 def main():
     """Find and fix mixed-precision mistakes in PyTorch training code."""
@@ -156,20 +223,33 @@ def migrate(**kw):
 
     def body():
         from ampfix.report import migrate_report, unified_diff
-        from ampfix.writer import write_atomic
+        from ampfix.writer import WriteError, write_atomic
 
         cfg, results = _run(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
         out = click.get_text_stream("stdout")
         if kw["paths"] == ("-",):
+            from ampfix.engine import IO_ERROR, SYNTAX_ERROR
+
             r = results[0]
-            sys.stdout.buffer.write(r.fixed_bytes if r.fixed_bytes is not None else sys.stdin.buffer.read())
+            # always the whole text: fixed, or as it came when nothing applies or it cannot be read
+            sys.stdout.buffer.write(r.fixed_bytes if r.changed and r.fixed_bytes is not None else r.input)
+            sys.stdout.buffer.flush()
             for d in r.diagnostics:
                 click.echo(f"{d.path}:{d.line}:{d.col}: {d.code} {d.message}", err=True)
+            if any(d.code in (SYNTAX_ERROR[0], IO_ERROR[0]) for d in r.diagnostics):
+                return EXIT_ERROR
             return EXIT_OK if not r.diagnostics or kw["exit_zero"] else EXIT_PROBLEMS
         changed = [r for r in results if r.changed]
+        failed = []
         if kw["write"]:
             for r in changed:
-                write_atomic(r.path, r.fixed_bytes)
+                try:
+                    write_atomic(r.path, r.fixed_bytes, expected=r.digest, python=r.path.endswith((".py", ".pyi")))
+                except WriteError as exc:
+                    failed.append(r)
+                    r.error = str(exc)
+                    r.fixed = r.original  # not rewritten
+            changed = [r for r in changed if r not in failed]
         else:
             for r in changed:
                 out.write(unified_diff(r))
@@ -183,6 +263,8 @@ def migrate(**kw):
             err.write(f"{verb} {n} file{'s' if n != 1 else ''}; {left} problem{'s' if left != 1 else ''} left for a person.\n")
         remaining = any(r.diagnostics for r in results)
         dirty = bool(changed) and not kw["write"]
+        if failed or any(r.error and not r.error.startswith("skipped") for r in results):
+            return EXIT_ERROR  # some files could not be read or written (each one is named above)
         return EXIT_PROBLEMS if (remaining or dirty) and not kw["exit_zero"] else EXIT_OK
 
     sys.exit(_guard(kw, body))

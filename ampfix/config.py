@@ -96,10 +96,16 @@ def find_config(start: Path) -> Optional[Path]:
                 if name == "ampfix.toml":
                     return f
                 try:
-                    data = tomllib.loads(f.read_text(encoding="utf-8"))
-                except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                    text = f.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
                     continue
-                if "ampfix" in data.get("tool", {}):
+                try:
+                    data = tomllib.loads(text)
+                except tomllib.TOMLDecodeError as exc:
+                    if "ampfix" in text:  # our configuration is in there: never run without it
+                        raise ConfigError(f"{f}: invalid TOML: {exc}") from None
+                    continue
+                if "ampfix" in _tool_table(data, f):
                     return f
     return None
 
@@ -141,10 +147,22 @@ def load_config(path: Optional[Path], start: Optional[Path] = None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    table = data if Path(path).name == "ampfix.toml" else data.get("tool", {}).get("ampfix", {})
+    table = data if Path(path).name == "ampfix.toml" else _tool_table(data, path).get("ampfix", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.ampfix] must be a table, not {type(table).__name__} {table!r}")
     cfg = Config(root=Path(path).resolve().parent, source=Path(path))
     apply_table(cfg, table, str(path))
     return cfg
+
+
+def _tool_table(data: dict, path) -> dict:
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        if "ampfix" in str(tool):
+            raise ConfigError(f"{path}: 'tool' must be a table holding [tool.ampfix]")
+        raise ConfigError(f"{path}: 'tool' is {type(tool).__name__} {tool!r}, not a table (PEP 518); "
+                          "ampfix cannot look for [tool.ampfix] in it")
+    return tool
 
 
 def _list(value, key, origin) -> List[str]:
@@ -184,6 +202,10 @@ def apply_table(cfg: Config, table: dict, origin: str) -> None:
     if "target" in table:
         cfg.settings = cfg.settings.with_overrides(target=check_target(table["target"], origin))
     if "torch-version" in table:
+        if not isinstance(table["torch-version"], str):
+            raise ConfigError(f"{origin}: torch-version must be a string such as \"2.10\", not "
+                              f"{type(table['torch-version']).__name__} {table['torch-version']!r} "
+                              "(TOML reads 2.10 as the number 2.1)")
         cfg.settings = cfg.settings.with_overrides(torch_version=check_version(table["torch-version"], origin),
                                                    torch_version_source=f"{origin}: torch-version")
 

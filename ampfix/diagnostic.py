@@ -40,6 +40,8 @@ class FileResult:
     failed_fixes: List[str] = field(default_factory=list)
     #: migration groups a fix of which failed here (taken back in every file)
     failed_groups: Set[str] = field(default_factory=set)
+    #: sha256 of the bytes read (a write replaces the file only if it still holds them)
+    digest: Optional[str] = None
 
     @property
     def changed(self) -> bool:

@@ -357,6 +357,7 @@ def check_source(data: bytes, path: str, rules: Sequence[type], settings: Settin
         src = Source(data, path)
     except SourceError as exc:
         return _source_error(path, exc)
+    rules = [r for r in rules if not getattr(r, "files", None)]  # file rules read other files
     return run_deep(_check_one, src, rules, settings, fix, plan, allowed_groups)
 
 
@@ -387,7 +388,13 @@ PARALLEL_THRESHOLD = 16
 
 
 def _read(path: str):
+    import os
+    import stat
+
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
+            return None, "not a regular file; skipped"
         with open(path, "rb") as fh:
             return fh.read(), None
     except OSError as exc:
@@ -402,10 +409,14 @@ def _work(args) -> FileResult:
     data, err = _read(path)
     if data is None:
         return error_result(path, err)
+    from ampfix.writer import digest
+
     try:
-        return check_source(data, path, rules, settings, fix, plan=plan if plan is not None else False)
+        result = check_source(data, path, rules, settings, fix, plan=plan if plan is not None else False)
     except FixError as exc:
         return error_result(path, str(exc))
+    result.digest = digest(data)
+    return result
 
 
 def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, fix: Optional[str] = None,
@@ -456,11 +467,68 @@ def _without_groups(plan, groups):
 
 
 def _run_tasks(tasks, workers):
+    """Run the tasks, in worker processes when there are enough.  A worker that dies (a crash in
+    the interpreter) costs only the file it was checking: the others are re-run in a new pool,
+    and the file that brings a pool down alone gets an error result."""
     import os
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(tasks) < PARALLEL_THRESHOLD:
         return [_work(t) for t in tasks]
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(_work, tasks, chunksize=max(1, len(tasks) // (n * 8))))
+    results = [None] * len(tasks)
+    size = max(1, len(tasks) // (n * 8))
+    chunks = [list(range(k, min(k + size, len(tasks)))) for k in range(0, len(tasks), size)]
+    broken = []
+    with ProcessPoolExecutor(max_workers=n, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        futures = [(pool.submit(_work_chunk, [tasks[i] for i in chunk]), chunk) for chunk in chunks]
+        for fut, chunk in futures:
+            try:
+                for i, r in zip(chunk, fut.result()):
+                    results[i] = r
+            except BrokenProcessPool:
+                broken.extend(chunk)
+    for i in broken:  # the pool died: each of these alone, to find the file to blame
+        results[i] = _alone(tasks[i])
+    return results
+
+
+def _alone(task):
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    import os
+
+    try:
+        with ProcessPoolExecutor(max_workers=1, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+            return pool.submit(_work, task).result()
+    except BrokenProcessPool:
+        return error_result(task[0], "skipped: checking this file crashed the worker process; please report it")
+
+
+def _work_chunk(chunk):
+    return [_work(t) for t in chunk]
+
+
+def _worker_init(parent: int) -> None:
+    """A worker dies with its parent (SIGKILL included), and leaves Ctrl-C to it."""
+    import os
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except Exception:
+        pass
+
+    def watch():
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()

@@ -96,9 +96,15 @@ class GitIgnore:
         return verdict
 
 
+def _located(path: Path) -> Path:
+    """The path with its folder resolved but not its own name (a symlink is matched where it is,
+    and a symlink loop does not raise)."""
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
 def _matches_any(path: Path, root: Path, patterns: Sequence[str]) -> bool:
     try:
-        rel = path.resolve().relative_to(root.resolve()).as_posix()
+        rel = _located(path).relative_to(root.resolve()).as_posix()
     except ValueError:
         rel = path.as_posix()
     for pat in patterns:
@@ -123,22 +129,39 @@ def discover(
     root: Path,
     exclude: Sequence[str] = (),
     respect_gitignore: bool = True,
+    problems: Optional[List[Tuple[str, str]]] = None,
 ) -> Iterator[Path]:
-    """Yield the Python files under ``paths`` (sorted, unique).
+    """Yield the Python files under ``paths`` (sorted, each real file once).
 
     A file named explicitly is yielded even if only the default excludes or .gitignore would
     drop it (pre-commit passes names); the configured ``exclude`` patterns apply to it too.
+    A symlink and its target, or one file named twice, count once.  What cannot be walked or
+    read (a folder without permission, a symlink loop, a FIFO named ``*.py``, a name that is
+    not valid UTF-8) is appended to ``problems`` as ``(path, reason)``.
     """
     seen = set()
+    problems = problems if problems is not None else []
+
+    def once(p: Path) -> bool:
+        try:
+            key = os.path.realpath(p)
+        except (OSError, ValueError):
+            key = os.path.abspath(p)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
     for raw in paths:
         p = Path(raw)
-        if p.is_file() or (not p.exists() and p.suffix == ".py"):
+        if p.is_file() or (not p.exists() and p.suffix == ".py" and not p.is_symlink()):
             if _matches_any(p, root, exclude):
                 continue
-            key = os.path.normpath(str(p))
-            if key not in seen:
-                seen.add(key)
+            if once(p):
                 yield p
+            continue
+        if p.suffix == ".py" and (p.is_symlink() or p.exists()) and not p.is_dir():
+            problems.append((str(p), _why_not_file(p)))
             continue
         if not p.is_dir():
             continue
@@ -152,17 +175,29 @@ def discover(
                 gi = GitIgnore.load(d)
                 if gi:
                     ignores.append(gi)
-        found.extend(_walk(p, root, exclude, ignores, git_root is not None))
+        found.extend(_walk(p, root, exclude, ignores, git_root is not None, problems, set()))
         for f in sorted(found):
-            key = os.path.normpath(str(f))
-            if key not in seen:
-                seen.add(key)
+            if once(f):
                 yield f
+
+
+def _why_not_file(p: Path) -> str:
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        if exc.errno == 40:
+            return "a symlink loop; skipped"
+        return f"cannot read: {exc.strerror or exc}"
+    import stat as _stat
+
+    if _stat.S_ISFIFO(st.st_mode):
+        return "a FIFO, not a regular file; skipped"
+    return "not a regular file; skipped"
 
 
 def _ignored(path: Path, is_dir: bool, ignores: Sequence[GitIgnore]) -> bool:
     verdict = False
-    rp = path.resolve()
+    rp = _located(path)
     for gi in ignores:
         v = gi.match(rp, is_dir)
         if v is not None:
@@ -170,10 +205,15 @@ def _ignored(path: Path, is_dir: bool, ignores: Sequence[GitIgnore]) -> bool:
     return verdict
 
 
-def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore) -> Iterator[Path]:
+def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore, problems, visited) -> Iterator[Path]:
     try:
+        real = os.path.realpath(folder)
+        if real in visited:  # a folder symlink back up the tree
+            return
+        visited.add(real)
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError:
+    except OSError as exc:
+        problems.append((str(folder), f"cannot read the folder: {exc.strerror or exc}"))
         return
     local = list(ignores)
     if respect_gitignore:
@@ -182,14 +222,31 @@ def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore) -> Iter
             local.append(gi)
     for e in entries:
         path = folder / e.name
-        is_dir = e.is_dir(follow_symlinks=False)
+        try:
+            e.name.encode("utf-8")
+        except UnicodeEncodeError:
+            if e.name.endswith(".py"):
+                problems.append((os.fsdecode(os.fsencode(str(path))).encode("utf-8", "backslashreplace").decode(),
+                                 "the file name is not valid UTF-8; skipped"))
+            continue
+        try:
+            is_dir = e.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
         if is_dir:
             if e.name in DEFAULT_EXCLUDES or e.name.endswith(".egg-info"):
                 continue
             if _matches_any(path, root, exclude) or (local and _ignored(path, True, local)):
                 continue
-            yield from _walk(path, root, exclude, local, respect_gitignore)
-        elif e.name.endswith(".py") and e.is_file():
+            yield from _walk(path, root, exclude, local, respect_gitignore, problems, visited)
+        elif e.name.endswith(".py"):
             if _matches_any(path, root, exclude) or (local and _ignored(path, False, local)):
                 continue
-            yield path
+            try:
+                regular = e.is_file()
+            except OSError:
+                regular = False
+            if regular:
+                yield path
+            else:
+                problems.append((str(path), _why_not_file(path)))

@@ -76,6 +76,9 @@ class Example:
     settings: Dict[str, Any] = field(default_factory=dict)
     message: Optional[str] = None
     unsafe: bool = False
+    #: file rules only: the example file's name, and the project's Python files beside it
+    filename: str = "example.py"
+    project: Dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.code = textwrap.dedent(self.code).lstrip("\n")
@@ -190,3 +193,53 @@ def dotted_name(node) -> Optional[str]:
 
 def edits_of(fixes: Sequence[Fix]) -> List[Edit]:
     return [e for f in fixes for e in f.edits]
+
+
+@dataclass(frozen=True)
+class FileFinding:
+    """A line of a non-Python file (requirements, Dockerfile...) that a file rule reports;
+    ``removable``: the fix is to drop the line, and the rule says it may go now."""
+
+    line: int  # 1-based
+    col: int  # 1-based
+    message: str
+    removable: bool = False
+    fix_description: str = "remove the line"
+
+
+class Facts:
+    """What a file rule may know of the project: its Python files (path -> text; the fixed text
+    when fixes are being applied), and whether those files are the whole project."""
+
+    def __init__(self, python: Dict[str, str], whole: bool = True) -> None:
+        self.python = python
+        self.whole = whole
+        self._cache: Dict[Any, Any] = {}
+
+    def cached(self, key, compute):
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = compute()
+            return value
+
+
+class FileRule(Rule):
+    """A rule over files that are not Python (dependency and environment files).  Subclasses
+    set ``files`` (name patterns, e.g. ``requirements*.txt``) and implement :meth:`check_file`;
+    the engine drops the lines reported ``removable`` when fixing, and keeps the result only if
+    :meth:`well_formed` accepts it."""
+
+    files: ClassVar[Tuple[str, ...]] = ()
+
+    def check_file(self, path: str, text: str, facts: Facts) -> Iterator[FileFinding]:  # pragma: no cover
+        raise NotImplementedError
+
+    def well_formed(self, path: str, text: str) -> bool:
+        return True
+
+    @classmethod
+    def matches(cls, name: str) -> bool:
+        import fnmatch
+
+        return any(fnmatch.fnmatch(name, pattern) for pattern in cls.files)

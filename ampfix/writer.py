@@ -1,31 +1,98 @@
-"""Writing a file atomically, only if the new bytes parse, keeping its mode."""
+"""Writing a fixed file back, never losing what a user has.
+
+- Python text is written only if it parses.
+- A symlink is written through: its target changes, the link stays a link.
+- The file is replaced only if it still holds the bytes that were read (no lost update).
+- A read-only file is not written (a message says so).
+- Owner, group and mode are kept; a file with several hard links keeps its inode (the verified
+  text is written in place); otherwise the new text goes to a temporary file in the same folder,
+  is flushed, and replaces the old one atomically.
+"""
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import stat
 import tempfile
+from typing import Optional
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    compile(data, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)  # never write what does not parse
-    folder = os.path.dirname(os.path.abspath(path))
+class WriteError(Exception):
+    """The file was not written; the message says why (one line)."""
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_atomic(path: str, data: bytes, expected: Optional[str] = None, python: bool = True) -> None:
+    """Write ``data`` to ``path``.  ``expected``: the digest of the bytes that were read (the
+    write is refused if the file changed since).  Raises WriteError with the reason."""
+    if python:
+        try:
+            compile(data, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:  # never write what does not parse
+            raise WriteError(f"the fixed text does not parse ({exc}); nothing written") from None
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        target = os.path.realpath(path)
+        st = os.stat(target)
+    except OSError as exc:
+        raise WriteError(f"cannot write: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise WriteError("not a regular file; nothing written")
+    if not (st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) or not os.access(target, os.W_OK):
+        raise WriteError("read-only file; not written (make it writable to apply the fixes)")
+    if expected is not None:
+        try:
+            with open(target, "rb") as fh:
+                now = fh.read()
+        except OSError as exc:
+            raise WriteError(f"cannot read it back: {exc.strerror or exc}") from None
+        if digest(now) != expected:
+            raise WriteError("changed since ampfix read it; not written (run ampfix again)")
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_nlink > 1:
+        _in_place(target, data)  # keep the inode that the other names share
+        return
+    folder = os.path.dirname(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".ampfix-", suffix=".tmp", dir=folder)
     except OSError:
-        mode = None
-    fd, tmp = tempfile.mkstemp(prefix=".ampfix-", suffix=".tmp", dir=folder)
+        _in_place(target, data)  # a folder we may not create files in, a file we may write
+        return
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        os.chmod(tmp, mode)
+        if (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except OSError:  # not allowed to give it away: write in place, the owner stays
+                os.unlink(tmp)
+                tmp = None
+                _in_place(target, data)
+                return
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise WriteError(f"cannot write: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _in_place(target: str, data: bytes) -> None:
+    try:
+        with open(target, "r+b") as fh:
+            fh.write(data)
+            fh.truncate()
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise WriteError(f"cannot write: {exc.strerror or exc}") from None

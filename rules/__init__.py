@@ -1,5 +1,6 @@
 """The rules of ampfix: one module a rule; register each one here, one line a rule."""
 from ampfix.rules.apex_amp import ApexAmp
+from ampfix.rules.apex_dependency import ApexDependency
 from ampfix.rules.apex_fp16_utils import ApexFp16Utils
 from ampfix.rules.apex_normalization import ApexNormalization
 from ampfix.rules.apex_optimizers import ApexOptimizers
@@ -39,6 +40,7 @@ RULES = [
     ApexOptimizers,
     ApexNormalization,
     ApexUninitialized,
+    ApexDependency,
     DataParallelAutocast,
     DeprecatedCudaAmp,
     ScalerInLoop,
