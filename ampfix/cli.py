@@ -380,7 +380,8 @@ def verify(script, script_args, steps, warmup, timeout, device, original, do_mig
             original = original or script
         rep = run_verify(target, args, opts, original=original)
         rep["script"] = script + (" (migrated in memory)" if do_migrate else "")
-        click.echo(format_report(rep))
+        # with --json -, stdout is the JSON alone; the report goes to stderr
+        click.echo(format_report(rep), err=json_path == "-")
         if json_path == "-":
             click.echo(json.dumps(rep, indent=2))
         elif json_path:

@@ -32,7 +32,12 @@ def test_cpu_verify_passes_and_writes_json_and_plot(tmp_path):
     assert amp["losses"][-1] < amp["losses"][0]  # it trains
     assert amp["losses"] != fp32["losses"]  # fp32 really ran without bfloat16 autocast
     assert rep["comparison"]["loss_within_tolerance"] is True
-    assert rep["verdict"] == {"ran": True, "finite": True, "loss_tracks_fp32": True, "pass": True}
+    assert rep["verdict"] == {"ran": True, "finite": True, "loss_tracks_fp32": True, "mixed_precision": True,
+                              "reasons": [], "pass": True}
+    # the proof: bfloat16 matmul FLOPs, autocast regions entered, and none of it in the fp32 run
+    assert amp["half_flop_fraction"] > 0.5 and amp["flops_by_dtype"]["torch.bfloat16"] > 0
+    assert amp["amp_counts"]["autocast_enabled"] == 25
+    assert fp32["half_flop_fraction"] == 0 and fp32["amp_counts"]["autocast_enabled"] == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -102,3 +107,33 @@ def test_gpu_transformer_fixture_amp_is_faster(tmp_path):
     assert rep["verdict"]["ran"] and rep["verdict"]["finite"], r.output
     assert rep["comparison"]["speedup"] > 1.0
     assert rep["runs"]["amp"]["syncs_per_step"], "sync counting ran"
+
+
+def test_a_program_that_never_ran_in_half_precision_fails(tmp_path):
+    js = tmp_path / "r.json"
+    r = run("--device", "cpu", "--steps", "20", "--no-profile", str(ROOT / "fixtures" / "verify" / "never_half.py"),
+            "--json", str(js))
+    assert r.exit_code == 1 and "verdict: FAIL" in r.output, r.output
+    assert "mixed precision never happened" in r.output and "scaled no loss" in r.output
+    rep = json.loads(js.read_text())
+    assert rep["comparison"]["loss_within_tolerance"] is True  # the losses agree: that alone proved nothing
+    assert rep["verdict"]["mixed_precision"] is False
+    assert rep["runs"]["amp"]["half_flop_fraction"] == 0
+    assert rep["runs"]["amp"]["amp_counts"]["scalers_enabled"] == 1
+    assert rep["runs"]["amp"]["amp_counts"]["scale_calls"] == 0
+
+
+def test_a_scaler_that_skips_every_step_fails():
+    r = run("--device", "cpu", "--steps", "12", "--no-profile", str(ROOT / "fixtures" / "verify" / "skips_every_step.py"))
+    assert r.exit_code == 1 and "skipped every step" in r.output, r.output
+
+
+def test_json_to_stdout_is_json_alone(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ampfix", "verify", "--device", "cpu", "--steps", "8", "--no-profile",
+                        TINY, "--json", "-"], capture_output=True, text=True, timeout=300)
+    rep = json.loads(p.stdout)
+    assert rep["verdict"]["pass"] is True
+    assert "verdict: PASS" in p.stderr

@@ -163,12 +163,40 @@ def _steady(run: dict, opts: Options) -> List[float]:
     return times[start:] if len(times) > start + 2 else times[opts.warmup:] or times
 
 
+def mixed_precision(amp: dict) -> dict:
+    """Whether the AMP run really ran in mixed precision, and if not, why (plain words)."""
+    reasons = []
+    frac = amp.get("half_flop_fraction")
+    counts = amp.get("amp_counts") or {}
+    if "flops_by_dtype" not in amp:
+        return {"proved": None, "reasons": ["the run recorded no precision figures"]}
+    if frac is None:
+        reasons.append("no matmul, convolution or attention ran in the measured steps, so half precision cannot "
+                       "be shown" + (f" ({amp['flop_note']})" if amp.get("flop_note") else ""))
+        proved = None
+    else:
+        proved = frac > 0
+        if not proved:
+            reasons.append("the AMP run did no float16/bfloat16 matmul or convolution: mixed precision never "
+                           f"happened ({counts.get('autocast_enabled', 0)} autocast regions entered enabled)")
+    if counts.get("scalers_enabled") and not counts.get("scale_calls"):
+        proved = False
+        reasons.append("a GradScaler exists but scaled no loss: backward ran unscaled")
+    if counts.get("scaler_updates") and counts.get("skipped_steps", 0) >= counts["scaler_updates"]:
+        proved = False
+        reasons.append(f"the GradScaler skipped every step ({counts['skipped_steps']} of {counts['scaler_updates']}): "
+                       "the gradients were inf/NaN each time, nothing trained")
+    return {"proved": proved, "reasons": reasons}
+
+
 def verdict(runs: Dict[str, dict], cmp: dict) -> dict:
     amp, ref = runs["amp"], runs["fp32"]
     ran = all(r.get("status") in ("stopped", "finished") for r in (amp, ref))
     finite = not amp.get("nonfinite_losses") and not ref.get("nonfinite_losses")
-    ok = ran and finite and cmp.get("loss_within_tolerance", False)
-    return {"ran": ran, "finite": finite, "loss_tracks_fp32": cmp.get("loss_within_tolerance", False), "pass": ok}
+    mp = mixed_precision(amp)
+    ok = ran and finite and cmp.get("loss_within_tolerance", False) and mp["proved"] is not False
+    return {"ran": ran, "finite": finite, "loss_tracks_fp32": cmp.get("loss_within_tolerance", False),
+            "mixed_precision": mp["proved"], "reasons": mp["reasons"], "pass": ok}
 
 
 def verify(script: str, args: List[str], opts: Options, original: Optional[str] = None) -> dict:
@@ -229,10 +257,34 @@ def format_report(rep: dict) -> str:
             lines.append(f"    {name}: {info['events']} events" + (f"  (static rule {info['rule']})" if info["rule"] else ""))
     elif pats.get("note"):
         lines.append(f"  profiler: {pats['note']}")
+    amp = rep["runs"]["amp"]
+    if "flops_by_dtype" in amp:
+        fl = amp["flops_by_dtype"]
+        total = sum(fl.values())
+        share = ", ".join(f"{k.replace('torch.', '')} {v / total:.0%}" for k, v in sorted(fl.items(), key=lambda x: -x[1])) \
+            if total else "none measured"
+        lines.append(f"  amp run, matmul/conv FLOPs by dtype over {amp.get('flop_steps', 0)} steps: {share}"
+                     + (f" ({_human(total)}FLOP)" if total else ""))
+        c2 = amp.get("amp_counts") or {}
+        lines.append(f"  autocast regions entered: {c2.get('autocast_enabled', 0)} enabled of "
+                     f"{c2.get('autocast_entered', 0)}; GradScaler: {c2.get('scalers_enabled', 0)} enabled, "
+                     f"scale {c2.get('scale_calls', 0)}, step {c2.get('scaler_steps', 0)}, update "
+                     f"{c2.get('scaler_updates', 0)}, skipped steps {c2.get('skipped_steps', 0)}")
     v = rep["verdict"]
+    mp = {True: "yes", False: "NO", None: "not shown"}[v.get("mixed_precision")]
     lines.append("  verdict: " + ("PASS" if v["pass"] else "FAIL") +
-                 f" (ran: {v['ran']}, finite: {v['finite']}, loss tracks fp32: {v['loss_tracks_fp32']})")
+                 f" (ran: {v['ran']}, finite: {v['finite']}, loss tracks fp32: {v['loss_tracks_fp32']}, "
+                 f"mixed precision: {mp})")
+    for why in v.get("reasons", []):
+        lines.append(f"    {why}")
     return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} "
 
 
 def plot(rep: dict, path: str) -> None:

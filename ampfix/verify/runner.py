@@ -30,6 +30,33 @@ PATTERN_RULES = {
     "OptimizerSingleTensorPattern": None,
 }
 SYNC_WINDOW = 5  # steps after warm-up during which syncs are counted (sync debug mode slows steps)
+FLOP_WINDOW = 3  # steps during which matmul/convolution FLOPs are counted by dtype
+HALF = ("torch.float16", "torch.bfloat16")
+
+
+class FlopsByDtype:
+    """A TorchDispatchMode that adds up the FLOPs of matmuls, convolutions and attention (torch's
+    own flop formulas) by the dtype they ran in.  Shapes and dtypes are host metadata: no sync."""
+
+    def __new__(cls, counts):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.flop_counter import flop_registry
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                formula = flop_registry.get(func._overloadpacket)
+                if formula is not None:
+                    try:
+                        flops = formula(*args, **kwargs, out_val=out)
+                        dtype = next((str(a.dtype) for a in args if hasattr(a, "dtype")), "?")
+                        counts[dtype] = counts.get(dtype, 0) + int(flops)
+                    except Exception:  # a formula that does not know this call: not counted
+                        counts["uncounted_calls"] = counts.get("uncounted_calls", 0) + 1
+                return out
+
+        return Mode()
 
 
 class StopTraining(BaseException):
@@ -57,6 +84,14 @@ class Recorder:
         self.patterns = None
         self.peak = None
         self.replica_dtypes = set()
+        self.flops = {}  # dtype -> FLOPs in the measured steps
+        self.flop_mode = None
+        self.flop_start = min(opts.warmup, max(0, opts.steps - FLOP_WINDOW))
+        self.flop_steps = 0
+        # what mixed precision did: autocast regions entered (enabled), GradScaler calls
+        self.amp_counts = {"autocast_entered": 0, "autocast_enabled": 0, "scalers_enabled": 0, "scale_calls": 0,
+                           "scaler_steps": 0, "scaler_updates": 0}
+        self.initial_scale = None
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -85,9 +120,15 @@ class Recorder:
             out = orig_scale(self, outputs)
             if isinstance(outputs, torch.Tensor):
                 rec.unscaled[id(out)] = outputs
+            if self.is_enabled():
+                rec.amp_counts["scale_calls"] += 1
+                if rec.initial_scale is None and getattr(self, "_scale", None) is not None:
+                    rec.initial_scale = self._scale.detach().clone().reshape(())
             return out
 
         def step(self, optimizer, *a, **k):
+            if self.is_enabled():
+                rec.amp_counts["scaler_steps"] += 1
             before = rec.steps
             try:
                 return orig_step(self, optimizer, *a, **k)
@@ -97,12 +138,35 @@ class Recorder:
                     rec._count()
 
         def update(self, *a, **k):
+            if self.is_enabled():
+                rec.amp_counts["scaler_updates"] += 1
             r = orig_update(self, *a, **k)
             if self.is_enabled() and self._scale is not None:
                 rec.scales.append(self._scale.detach().clone().reshape(()))
             return r
 
         GS.scale, GS.step, GS.update = scale, step, update
+
+        AC = autocast_mode.autocast
+        orig_enter = AC.__enter__
+
+        def ac_enter(self):
+            rec.amp_counts["autocast_entered"] += 1
+            if getattr(self, "_enabled", False):
+                rec.amp_counts["autocast_enabled"] += 1
+            return orig_enter(self)
+
+        AC.__enter__ = ac_enter
+        orig_gs_init = GS.__init__
+
+        def gs_count(self, *a, **k):
+            orig_gs_init(self, *a, **k)
+            if self.is_enabled():
+                rec.amp_counts["scalers_enabled"] += 1
+
+        GS.__init__ = gs_count
+        if self.flop_start == 0:
+            self._start_flops()
 
         if self.opts.mode == "fp32":
             AC = autocast_mode.autocast
@@ -181,12 +245,33 @@ class Recorder:
                 self._syncs = 0
                 if self.steps == w + SYNC_WINDOW:
                     torch.cuda.set_sync_debug_mode(0)
+        if self.flop_mode is not None:
+            self.flop_steps += 1
+            if self.flop_steps >= FLOP_WINDOW:
+                self._stop_flops()
+        elif self.steps == self.flop_start and self.flop_steps == 0:
+            self._start_flops()
         if self.opts.profile and self.steps == w + SYNC_WINDOW:
             self._start_profiler()
         if self.profiler is not None and self.steps == w + SYNC_WINDOW + 3:
             self._stop_profiler()
         if self.steps >= self.opts.steps:
             raise StopTraining()
+
+    def _start_flops(self) -> None:
+        try:
+            self.flop_mode = FlopsByDtype(self.flops)
+            self.flop_mode.__enter__()
+        except Exception as exc:  # private machinery: degrade to a note
+            self.flops["note"] = f"FLOP counting unavailable: {type(exc).__name__}: {exc}"
+            self.flop_mode = None
+
+    def _stop_flops(self) -> None:
+        mode, self.flop_mode = self.flop_mode, None
+        try:
+            mode.__exit__(None, None, None)
+        except Exception:
+            pass
 
     def _start_profiler(self) -> None:
         try:
@@ -220,6 +305,8 @@ class Recorder:
     # -- results -----------------------------------------------------------------------------
     def results(self) -> dict:
         torch = self.torch
+        if self.flop_mode is not None:
+            self._stop_flops()
         if self.profiler is not None:
             self._stop_profiler()
         if self.cuda:
@@ -232,7 +319,11 @@ class Recorder:
         for group in self.losses:
             losses.append(float(torch.stack(group).mean()) if group else None)
         scales = [float(s) for s in self.scales]
-        skipped = sum(1 for a, b in zip(scales, scales[1:]) if b < a)
+        first = [float(self.initial_scale)] if self.initial_scale is not None else []
+        skipped = sum(1 for a, b in zip(first + scales, scales) if b < a)
+        counted = {k: v for k, v in self.flops.items() if k.startswith("torch.")}
+        total = sum(counted.values())
+        half = sum(v for k, v in counted.items() if k in HALF)
         return {
             "steps": self.steps,
             "losses": losses,
@@ -248,6 +339,12 @@ class Recorder:
             "torch": torch.__version__,
             "profiler_patterns": self.patterns,
             "dtypes_seen": sorted(self.replica_dtypes),
+            # the proof that mixed precision happened
+            "flops_by_dtype": counted,
+            "flop_steps": self.flop_steps if self.flop_mode is None else self.flop_steps,
+            "half_flop_fraction": (half / total) if total else None,
+            "flop_note": self.flops.get("note"),
+            "amp_counts": dict(self.amp_counts, skipped_steps=skipped),
         }
 
 
