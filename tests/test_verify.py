@@ -137,3 +137,16 @@ def test_json_to_stdout_is_json_alone(tmp_path):
     rep = json.loads(p.stdout)
     assert rep["verdict"]["pass"] is True
     assert "verdict: PASS" in p.stderr
+
+
+def test_compare_leaves_out_the_steps_the_scaler_skipped():
+    """GradScaler's first steps calibrate its scale and are skipped: the AMP curve runs behind by
+    that many steps; compared step for step it parts from fp32 although nothing is wrong."""
+    fp32 = [10 * 0.7 ** i for i in range(30)]
+    amp = [fp32[0], fp32[0]] + fp32[:28]  # two skipped steps, then the same descent
+    opts = Options(steps=30, warmup=2)
+    plain = compare({"losses": amp}, {"losses": fp32}, opts)
+    assert plain["loss_within_tolerance"] is False
+    counts = {"scaler_updates": 30, "scaler_steps": 30}
+    aligned = compare({"losses": amp, "skipped_at_update": [0, 1], "amp_counts": counts}, {"losses": fp32}, opts)
+    assert aligned["loss_within_tolerance"] is True and aligned["skipped_steps_left_out"] == 2

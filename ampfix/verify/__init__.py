@@ -125,8 +125,17 @@ def compare(amp: dict, ref: dict, opts: Options) -> dict:
     """The loss-band verdict and the speed, memory and sync figures of amp against ref."""
     a = [x for x in amp.get("losses", []) if x is not None]
     f = [x for x in ref.get("losses", []) if x is not None]
+    # a step the GradScaler skipped (its first steps calibrate the scale) did not update the
+    # weights: the AMP curve runs that many steps behind; compare the steps that applied
+    skipped = amp.get("skipped_at_update") or []
+    counts = amp.get("amp_counts") or {}
+    aligned = bool(skipped) and counts.get("scaler_updates", 0) >= len(a) - 1 and \
+        counts.get("scaler_steps", 0) <= counts.get("scaler_updates", 0) + 1
+    if aligned:
+        drop = set(skipped)
+        a = [x for i, x in enumerate(a) if i not in drop]
     n = min(len(a), len(f))
-    cmp: dict = {"compared_steps": n}
+    cmp: dict = {"compared_steps": n, "skipped_steps_left_out": len(skipped) if aligned else 0}
     if n == 0:
         cmp["loss_within_tolerance"] = False
         cmp["loss_note"] = "no losses to compare"
@@ -177,8 +186,12 @@ def mixed_precision(amp: dict) -> dict:
     else:
         proved = frac > 0
         if not proved:
-            reasons.append("the AMP run did no float16/bfloat16 matmul or convolution: mixed precision never "
-                           f"happened ({counts.get('autocast_enabled', 0)} autocast regions entered enabled)")
+            why = f"{counts.get('autocast_enabled', 0)} autocast regions entered enabled"
+            if counts.get("autocast_entered") and not counts.get("autocast_enabled"):
+                why = (f"{counts['autocast_entered']} autocast regions entered, all disabled: enabled=False, or "
+                       "autocast('cuda') with no GPU in use")
+            reasons.append(f"the AMP run did no float16/bfloat16 matmul or convolution: mixed precision never "
+                           f"happened ({why})")
     if counts.get("scalers_enabled") and not counts.get("scale_calls"):
         proved = False
         reasons.append("a GradScaler exists but scaled no loss: backward ran unscaled")

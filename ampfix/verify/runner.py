@@ -320,7 +320,9 @@ class Recorder:
             losses.append(float(torch.stack(group).mean()) if group else None)
         scales = [float(s) for s in self.scales]
         first = [float(self.initial_scale)] if self.initial_scale is not None else []
-        skipped = sum(1 for a, b in zip(first + scales, scales) if b < a)
+        # update k lowered the scale: the k-th scaled step was skipped (inf/NaN gradients)
+        skipped_at = [k for k, (a, b) in enumerate(zip(first + scales, scales)) if b < a] if first else []
+        skipped = len(skipped_at) if first else sum(1 for a, b in zip(scales, scales[1:]) if b < a)
         counted = {k: v for k, v in self.flops.items() if k.startswith("torch.")}
         total = sum(counted.values())
         half = sum(v for k, v in counted.items() if k in HALF)
@@ -334,6 +336,7 @@ class Recorder:
             "syncs_per_step": self.sync_counts,
             "scales": scales,
             "skipped_steps": skipped,
+            "skipped_at_update": skipped_at,
             "nonfinite_losses": sum(1 for x in losses if x is not None and x != x or x in (float("inf"), float("-inf"))),
             "device": torch.cuda.get_device_name() if self.cuda else "cpu",
             "torch": torch.__version__,
