@@ -104,7 +104,12 @@ def _run(kw, fix: Optional[str]):
     problems: list = []
     files = list(discover(paths, cfg.root, cfg.all_excludes, cfg.respect_gitignore, problems))
     jobs = [(str(f), cfg.codes_for(f, selected)) for f in files]
-    results = check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"])
+    cache = None
+    if not fix and not kw.get("no_cache") and not os.environ.get("AMPFIX_NO_CACHE"):
+        from ampfix.cache import Cache
+
+        cache = Cache()
+    results = check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"], cache=cache)
     results += [error_result(path, why) for path, why in problems]
     # dependency and environment files: read after the code, whose (fixed) imports they follow
     rules = datafiles.file_rules(rules_by_code()[c] for c in selected)
@@ -191,6 +196,7 @@ def main():
 @_common
 @click.option("--output-format", type=click.Choice(FORMATS), default="concise", show_default=True)
 @click.option("--statistics", is_flag=True, help="Show a count of problems per rule instead of each one.")
+@click.option("--no-cache", is_flag=True, help="Check every file afresh (do not read or write the result cache).")
 @click.option("--quiet", "-q", is_flag=True, help="Print diagnostics only, no summary.")
 def check(**kw):
     """Report problems in PATHS (files or folders; '-' reads standard input)."""
@@ -268,6 +274,15 @@ def migrate(**kw):
         return EXIT_PROBLEMS if (remaining or dirty) and not kw["exit_zero"] else EXIT_OK
 
     sys.exit(_guard(kw, body))
+
+
+@main.command()
+def clean():
+    """Remove ampfix's result cache ($AMPFIX_CACHE_DIR, else ~/.cache/ampfix)."""
+    from ampfix.cache import clean as clean_cache, default_dir
+
+    n = clean_cache()
+    click.echo(f"Removed {n} cache file{'s' if n != 1 else ''} from {default_dir()}.")
 
 
 @main.command("rules")

@@ -420,18 +420,18 @@ def _work(args) -> FileResult:
 
 
 def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, fix: Optional[str] = None,
-                workers: Optional[int] = None) -> List[FileResult]:
+                workers: Optional[int] = None, cache=None) -> List[FileResult]:
     """Check each ``(path, rule codes)``; results come back in the order given.  Files that
-    take part in a migration planned across modules are checked with that plan."""
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
+    take part in a migration planned across modules are checked with that plan.  ``cache`` (an
+    :class:`ampfix.cache.Cache`, for a check without fixes) keeps results across runs."""
     from ampfix.plan import planners_of
     from ampfix.project import plan_projects
     from ampfix.registry import rules_by_code
 
     jobs = [(p, tuple(codes)) for p, codes in jobs]
     planners = planners_of(rules_by_code()[c] for c in sorted({c for _, codes in jobs for c in codes}))
+    if cache is not None and not fix:
+        return _check_cached(jobs, settings, planners, workers, cache)
     plans = plan_projects(jobs, settings, planners)
     tasks = [(p, codes, settings, fix, plans.get(p)) for p, codes in jobs]
     results = _run_tasks(tasks, workers)
@@ -450,6 +450,52 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
                 tasks[i] = (p, codes, st, fx, _without_groups(plan, failed))
             for i, r in zip(redo, _run_tasks([tasks[i] for i in redo], workers)):
                 results[i] = r
+    return results
+
+
+def _check_cached(jobs, settings, planners, workers, cache) -> List[FileResult]:
+    """check_paths through the result cache: every file is read once here, its digest keys its
+    entry; the project plan is keyed on every file it reads."""
+    import hashlib
+
+    from ampfix.project import plan_projects
+
+    digests = {}
+    planned = []
+    for p, codes in jobs:
+        data, err = _read(p)
+        if data is None:
+            continue
+        digests[p] = hashlib.sha256(data).hexdigest()
+        if planners and b"apex" in data:
+            planned.append((p, codes))
+    plans = {}
+    plan_key = None
+    if planned:
+        plan_key = cache.key("plan", settings, sorted((p, c, digests[p]) for p, c in planned))
+        plans = cache.get(plan_key)
+        if plans is None:
+            plans = plan_projects(jobs, settings, planners)
+            cache.put(plan_key, plans)
+    results: List[Optional[FileResult]] = [None] * len(jobs)
+    keys = {}
+    todo = []
+    for i, (p, codes) in enumerate(jobs):
+        if p not in digests:  # unreadable: checked (and reported) without the cache
+            todo.append(i)
+            continue
+        keys[i] = cache.key("file", settings, codes, p, digests[p], plan_key if p in plans else None)
+        hit = cache.get(keys[i])
+        if hit is None:
+            todo.append(i)
+        else:
+            results[i] = hit
+    fresh = _run_tasks([(jobs[i][0], jobs[i][1], settings, None, plans.get(jobs[i][0])) for i in todo], workers)
+    for i, r in zip(todo, fresh):
+        results[i] = r
+        # what the file's bytes decide is kept; a read error or a crash is not
+        if i in keys and r.digest == digests[jobs[i][0]] and not r.error:
+            cache.put(keys[i], r)
     return results
 
 

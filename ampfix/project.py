@@ -182,6 +182,8 @@ class Project:
                 return None
         m = Module(path, src, editable)
         self.modules[path] = m
+        self._resolved_paths = getattr(self, "_resolved_paths", {})
+        self._resolved_paths[path] = str(Path(path).resolve())
         p = Path(path)
         if p.suffix == ".py" and p.parent.exists():
             root, parts = _package_root(p.resolve())
@@ -209,11 +211,25 @@ class Project:
         m = self.by_name.get(name)
         if m is not None:
             return m
+        # a name looked for in vain stays unknown until a module is added
+        missing = getattr(self, "_missing", None)
+        if missing is None or missing[0] != len(self.modules):
+            missing = self._missing = (len(self.modules), set())
+        if name in missing[1]:
+            return None
+        m = self._module_named(name)
+        if m is None and len(self.modules) == missing[0]:
+            missing[1].add(name)
+        return m
+
+    def _module_named(self, name: str) -> Optional[Module]:
         parts = name.split(".")
         # a module read already whose path ends like the dotted name (the run's root may be
         # below the folder Python imports it from)
         tails = ("/" + "/".join(parts) + ".py", "/" + "/".join(parts) + "/__init__.py")
-        hits = [mm for pth, mm in self.modules.items() if str(Path(pth).resolve()).endswith(tails)]
+        resolved = getattr(self, "_resolved_paths", {})
+        hits = [mm for pth, mm in self.modules.items()
+                if (resolved.get(pth) or str(Path(pth).resolve())).endswith(tails)]
         if len(hits) == 1:
             self.by_name[name] = hits[0]
             return hits[0]
@@ -223,7 +239,9 @@ class Project:
             for cand in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
                 if cand.is_file():
                     key = self.given.get(str(cand.resolve()), str(cand))
-                    known = next((mm for pth, mm in self.modules.items() if Path(pth).resolve() == cand.resolve()), None)
+                    real = str(cand.resolve())
+                    known = next((mm for pth, mm in self.modules.items()
+                                  if (resolved.get(pth) or str(Path(pth).resolve())) == real), None)
                     if known is not None:
                         self.by_name[name] = known
                         return known
@@ -336,22 +354,34 @@ class Project:
         return None
 
     # -- the call graph ------------------------------------------------------------------------
-    def _index_calls(self) -> None:
-        """Index the calls of every module read so far (resolving may read more: they are
-        indexed in turn)."""
+    def _index_calls(self, name: str) -> None:
+        """Index the calls of, and other references to, functions called ``name`` in every module
+        read so far whose text names it (resolving may read more: they are indexed in turn).
+        Only the nodes that end in ``name`` (or an alias imported for it) are resolved."""
+        import re
+
+        pat = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
         while True:
-            todo = [m for p, m in list(self.modules.items()) if p not in self._indexed]
+            todo = [m for p, m in list(self.modules.items()) if (p, name) not in self._indexed]
             if not todo:
                 return
             for m in todo:
-                self._indexed.add(m.path)
+                self._indexed.add((m.path, name))
+                if not pat.search(m.src.text):
+                    continue
                 m.index()
+                local = {name} | {a.asname for n in walk(m.tree, into_functions=True)
+                                  if isinstance(n, ast.ImportFrom) for a in n.names if a.name == name and a.asname}
                 for n in walk(m.tree, into_functions=True):
                     if isinstance(n, ast.Call):
+                        if not _ends_in(n.func, local):
+                            continue
                         f, bound = self.resolve(m, n.func)
                         if f is not None:
                             self._calls.setdefault(id(f.node), []).append(CallSite(n, m, m.function_of(n), f, bound))
                     elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                        if not _ends_in(n, local):
+                            continue
                         p = getattr(n, "_p", None)
                         if isinstance(p, ast.Call) and p.func is n:
                             continue
@@ -390,15 +420,20 @@ class Project:
                 except SourceError:
                     continue
 
+    def _called_as(self, f: Function) -> str:
+        return f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name
+
     def callers(self, f: Function) -> List[CallSite]:
-        self._load_mentioning(f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name)
-        self._index_calls()
+        name = self._called_as(f)
+        self._load_mentioning(name)
+        self._index_calls(name)
         return self._calls.get(id(f.node), [])
 
     def references(self, f: Function) -> List[ast.AST]:
         """Uses of the function other than calling it (passed as a callback, stored)."""
-        self._load_mentioning(f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name)
-        self._index_calls()
+        name = self._called_as(f)
+        self._load_mentioning(name)
+        self._index_calls(name)
         return self._refs.get(id(f.node), [])
 
     def mentioned_elsewhere(self, name: str) -> List[str]:
@@ -468,6 +503,15 @@ def project_root(paths: Sequence[str]) -> Optional[Path]:
         if any((d / marker).exists() for marker in ("pyproject.toml", "setup.py", "setup.cfg", ".git")):
             return d
     return common
+
+
+def _ends_in(node, names) -> bool:
+    """``name(...)``, ``x.name``, ``a.b.name``: the node's last name is one of ``names``."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    if isinstance(node, ast.Attribute):
+        return node.attr in names
+    return False
 
 
 def plan_projects(jobs, settings, planners) -> Dict[str, object]:

@@ -23,3 +23,12 @@ def write(tmp_path):
 def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache(tmp_path_factory):
+    """The tests' result cache is their own (never the user's ~/.cache/ampfix)."""
+    import os
+
+    os.environ["AMPFIX_CACHE_DIR"] = str(tmp_path_factory.mktemp("ampfix-cache"))
+    yield

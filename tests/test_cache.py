@@ -1,0 +1,109 @@
+"""The result cache of `ampfix check`: same output warm as cold, never stale, keyed on the files
+a migration plan reads, bypassed by --no-cache, safe when runs overlap."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ampfix.cache import Cache
+from ampfix.cli import main
+
+PROJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
+FIXABLE = "import torch\nx = torch.zeros(3).cuda()\n"
+
+
+def check(*args, env=None):
+    return CliRunner(env=env).invoke(main, ["check", "--exit-zero", *map(str, args)])
+
+
+def entries(folder):
+    return [p for p in Path(folder).rglob("*") if p.is_file()]
+
+
+def test_warm_run_reads_the_cache_and_says_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("AMPFIX_NO_CACHE", raising=False)
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "launcher_engine" / "before", work)
+    cold = check(work)
+    assert entries(tmp_path / "cache")
+    import ampfix.engine
+
+    calls = []
+    real = ampfix.engine._run_tasks
+    monkeypatch.setattr(ampfix.engine, "_run_tasks", lambda tasks, w: calls.append(len(tasks)) or real(tasks, w))
+    warm = check(work)
+    assert warm.output == cold.output and calls == [0]
+
+
+def test_never_stale(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "a.py"
+    f.write_text(FIXABLE)
+    assert "AMP302" in check(f).output
+    f.write_text("import torch\nx = torch.zeros(3, device='cuda')\n")
+    assert "AMP302" not in check(f).output
+    # a change of settings is a different key
+    f.write_text(FIXABLE)
+    assert "AMP302" in check(f).output
+    assert "AMP302" not in check("--ignore", "AMP302", f).output
+
+
+def test_a_planned_file_is_keyed_on_the_whole_plan(tmp_path, monkeypatch):
+    """engine/trainer.py's diagnostics depend on tools/train_net.py (where apex is initialized)."""
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    work = tmp_path / "p"
+    shutil.copytree(PROJECTS / "launcher_engine" / "before", work)
+    first = check(work).output
+    launcher = work / "tools" / "train_net.py"
+    launcher.write_text(launcher.read_text().replace("amp.initialize(model, optimizer, opt_level=amp_opt_level)",
+                                                     "(model, optimizer)"))
+    second = check(work).output
+    fresh = check("--no-cache", work).output
+    assert second == fresh and second != first
+
+
+def test_no_cache_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "a.py"
+    f.write_text(FIXABLE)
+    check("--no-cache", f)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unwritable_cache_costs_nothing(tmp_path, monkeypatch):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(blocker))
+    f = tmp_path / "a.py"
+    f.write_text(FIXABLE)
+    out = check(f)
+    assert out.exit_code == 0 and "AMP302" in out.output
+
+
+def test_overlapping_runs_agree(tmp_path):
+    work = tmp_path / "w"
+    work.mkdir()
+    for i in range(60):
+        (work / f"f{i}.py").write_text(FIXABLE * (i % 5 + 1))
+    env = {"AMPFIX_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen([sys.executable, "-m", "ampfix", "check", "--exit-zero", str(work)], env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert len(set(outs)) == 1 and outs[0].count("AMP302") == sum(i % 5 + 1 for i in range(60))
+    again = subprocess.run([sys.executable, "-m", "ampfix", "check", "--exit-zero", str(work)], env=env,
+                           capture_output=True, text=True).stdout
+    assert again == outs[0]
+    assert not [p for p in entries(tmp_path / "cache") if p.name.startswith(".tmp-")]
+
+
+def test_corrupt_entry_is_a_miss(tmp_path):
+    c = Cache(tmp_path)
+    k = c.key("x")
+    c.put(k, {"a": 1})
+    assert c.get(k) == {"a": 1}
+    path = next(p for p in entries(tmp_path) if p.name == k)
+    path.write_bytes(b"\x80garbage")
+    assert c.get(k) is None
