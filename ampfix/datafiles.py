@@ -93,11 +93,12 @@ def check(files: Sequence[Path], codes_for, rules: Sequence[type], python: Dict[
         drop: Dict[int, List[str]] = {}
         described: Dict[int, str] = {}
         diags = []
+        lines = text.splitlines()
         for rule in matching:
-            inst = rule.__new__(rule)
+            inst = rule()
             for f in inst.check_file(name, text, facts):
                 removable = f.removable and facts.whole
-                line_text = text.splitlines()[f.line - 1] if f.line - 1 < len(text.splitlines()) else ""
+                line_text = lines[f.line - 1] if f.line - 1 < len(lines) else ""
                 d = Diagnostic(name, f.line, f.col, f.line, len(line_text) + 1, rule.code, rule.name, f.message,
                                fix="safe" if removable else None,
                                fix_description=f.fix_description if removable else None)
@@ -107,9 +108,8 @@ def check(files: Sequence[Path], codes_for, rules: Sequence[type], python: Dict[
                 else:
                     diags.append(d)
         if drop:
-            lines = text.splitlines(keepends=True)
-            new = "".join(x for i, x in enumerate(lines, start=1) if i not in drop)
-            if all(r.__new__(r).well_formed(name, new) for r in matching):
+            new = "".join(x for i, x in enumerate(text.splitlines(keepends=True), start=1) if i not in drop)
+            if all(r().well_formed(name, new) for r in matching):
                 result.original, result.fixed = text, new
                 result.fixed_bytes = new.encode("utf-8")
                 result.applied = [described[no] for no in sorted(drop)]

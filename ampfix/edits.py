@@ -206,21 +206,24 @@ class Builder:
         a, b = self.lines_span(stmt)
         return Edit(a, b, self.statements(lines, self.indent(stmt)))
 
-    def remove_statement(self, stmt) -> Edit:
-        """Remove a statement's lines and the blank lines right above it (as a statement's
-        leading blank lines go with it), so that no gap is left doubled."""
+    def remove_statement(self, stmt, from_line: Optional[int] = None) -> Edit:
+        """Remove a statement's lines (from ``from_line`` when given: comment lines above it
+        that go too) and the blank lines right above them (as a statement's leading blank lines
+        go with it), so that no gap is left doubled."""
         a, b = self.lines_span(stmt)
         src = self.src
+        first = from_line or self.first_line(stmt)
+        a = min(a, src.starts[first - 1])
         after = stmt.end_lineno + 1
         if after <= src.line_count and not src.line_text(after).strip():
             # a blank line follows: the blank lines above go too (else they would pile up); with
             # code right after, they stay and keep the paragraphs apart
-            line = self.first_line(stmt) - 1
+            line = first - 1
             while line >= 1 and not src.line_text(line).strip():
                 a = src.starts[line - 1]
                 line -= 1
             if line == 0:  # at the top of the file: keep the text starting where it did
-                a = src.starts[self.first_line(stmt) - 1]
+                a = src.starts[first - 1]
         return Edit(a, b, "")
 
     def insert_before(self, stmt, lines: Sequence[str]) -> Edit:

@@ -90,7 +90,20 @@ Valid = Example
 Invalid = Example
 
 
-class Context:
+class _Memo:
+    """``cached(key, compute)``: ``compute()`` once per key (analyses several rules need)."""
+
+    _cache: Dict[Any, Any]
+
+    def cached(self, key, compute):
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = compute()
+            return value
+
+
+class Context(_Memo):
     """What every rule of one file shares: source, tree, semantic model, settings, what project
     planners decided for the file (a :class:`~ampfix.plan.FilePlan` or None), and a cache for
     analyses rules share."""
@@ -104,13 +117,6 @@ class Context:
         self.edits = Builder(src)
         self._cache: Dict[Any, Any] = {}
 
-    def cached(self, key, compute):
-        """``compute()`` once per file for ``key`` (analyses several rules need)."""
-        try:
-            return self._cache[key]
-        except KeyError:
-            value = self._cache[key] = compute()
-            return value
 
 
 class Rule:
@@ -207,7 +213,7 @@ class FileFinding:
     fix_description: str = "remove the line"
 
 
-class Facts:
+class Facts(_Memo):
     """What a file rule may know of the project: its Python files (path -> text; the fixed text
     when fixes are being applied), and whether those files are the whole project."""
 
@@ -215,13 +221,6 @@ class Facts:
         self.python = python
         self.whole = whole
         self._cache: Dict[Any, Any] = {}
-
-    def cached(self, key, compute):
-        try:
-            return self._cache[key]
-        except KeyError:
-            value = self._cache[key] = compute()
-            return value
 
 
 class FileRule(Rule):
@@ -231,6 +230,9 @@ class FileRule(Rule):
     :meth:`well_formed` accepts it."""
 
     files: ClassVar[Tuple[str, ...]] = ()
+
+    def __init__(self) -> None:  # no Python file, no Context
+        pass
 
     def check_file(self, path: str, text: str, facts: Facts) -> Iterator[FileFinding]:  # pragma: no cover
         raise NotImplementedError

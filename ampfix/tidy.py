@@ -118,38 +118,25 @@ class Remover:
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]
             for s in removed:
-                e = self.b.remove_statement(s)
-                edits.append(self._with_apex_comment(s, e) if self._import_like(s) else e)
+                edits.append(self.b.remove_statement(s, self._apex_comment_above(s) if self._import_like(s) else None))
         return edits
 
-    def _with_apex_comment(self, s, e: Edit) -> Edit:
-        """The comment lines right above a removed apex import that speak of apex (``# use apex
-        for mixed precision``) describe what went: they go with it, or they would be debris."""
+    def _apex_comment_above(self, s) -> Optional[int]:
+        """The first of the comment lines right above a removed apex import when they speak of
+        apex (``# use apex for mixed precision``): they described what went, and go with it."""
         src = self.src
         no = self.b.first_line(s) - 1
         first = None
-        while no >= 1:
-            t = src.line_text(no).strip()
-            if not t.startswith("#"):
-                break
+        while no >= 1 and src.line_text(no).strip().startswith("#"):
             first = no
             no -= 1
         if first is None:
-            return e
+            return None
         block = " ".join(src.line_text(n) for n in range(first, self.b.first_line(s)))
-        if "apex" not in block.lower() or (no >= 1 and src.line_text(no).strip() and
-                                             not src.line_text(no).rstrip().endswith(":")):
-            return e
-        start = src.starts[first - 1]
-        after = s.end_lineno + 1
-        if after <= src.line_count and not src.line_text(after).strip():
-            line = first - 1
-            while line >= 1 and not src.line_text(line).strip():
-                start = src.starts[line - 1]
-                line -= 1
-            if line == 0:
-                start = src.starts[first - 1]
-        return Edit(min(e.start, start), e.end, e.text)
+        before = src.line_text(no).rstrip() if no >= 1 else ""
+        if "apex" not in block.lower() or (before.strip() and not before.endswith(":")):
+            return None
+        return first
 
     def _is_elif(self, orelse) -> bool:
         first = orelse[0]
