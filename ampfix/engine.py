@@ -425,18 +425,43 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
                 workers: Optional[int] = None, cache=None) -> List[FileResult]:
     """Check each ``(path, rule codes)``; results come back in the order given.  Files that
     take part in a migration planned across modules are checked with that plan.  ``cache`` (an
-    :class:`ampfix.cache.Cache`, for a check without fixes) keeps results across runs."""
+    :class:`ampfix.cache.Cache`, for a check without fixes) keeps results across runs.
+
+    The files that no planner looks at (no "apex" in their bytes) are checked by the workers
+    while this process plans the others."""
     from ampfix.plan import planners_of
-    from ampfix.project import plan_projects
     from ampfix.registry import rules_by_code
 
     jobs = [(p, tuple(codes)) for p, codes in jobs]
     planners = planners_of(rules_by_code()[c] for c in sorted({c for _, codes in jobs for c in codes}))
+    texts = {}
+    for p, _ in jobs:
+        data, _err = _read(p)
+        if data is not None:
+            texts[p] = data
     if cache is not None and not fix:
-        return _check_cached(jobs, settings, planners, workers, cache)
-    plans = plan_projects(jobs, settings, planners)
+        return _check_cached(jobs, texts, settings, planners, workers, cache)
+    planned = {p for p, _ in jobs if planners and b"apex" in texts.get(p, b"")}
+    plans: dict = {}
+    late: List[int] = []
+
+    def planned_tasks(runner=None):
+        # a file without apex can take part too (a caller that now passes the scaler): it is
+        # checked again, with its plan
+        from ampfix.project import plan_projects
+
+        plans.update(plan_projects([j for j in jobs if j[0] in planned], settings, planners, given=jobs,
+                                   runner=runner))
+        late.extend(i for i, (p, _) in enumerate(jobs) if p in planned or p in plans)
+        return [(jobs[i][0], jobs[i][1], settings, fix, plans.get(jobs[i][0])) for i in late]
+
+    early = [i for i, (p, _) in enumerate(jobs) if p not in planned]
+    got = _run_tasks([(jobs[i][0], jobs[i][1], settings, fix, None) for i in early], workers,
+                     planned_tasks if planned else None, also=len(planned))
+    results: List[Optional[FileResult]] = [None] * len(jobs)
+    for i, r in zip(early + late, got):
+        results[i] = r
     tasks = [(p, codes, settings, fix, plans.get(p)) for p, codes in jobs]
-    results = _run_tasks(tasks, workers)
     if fix:
         # a migration group that failed in one file is taken back in all of its files
         failed: set = set()
@@ -455,30 +480,27 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
     return results
 
 
-def _check_cached(jobs, settings, planners, workers, cache) -> List[FileResult]:
-    """check_paths through the result cache: every file is read once here, its digest keys its
-    entry; the project plan is keyed on every file it reads."""
+def _check_cached(jobs, texts, settings, planners, workers, cache) -> List[FileResult]:
+    """check_paths through the result cache: every file is read once, its digest keys its
+    entry.  When planners look at some files, the plan is keyed on every file of the run (a
+    caller may be anywhere), and the entries of the files it covers on the plan's key; the
+    project is planned only when one of them is not in the cache."""
     import hashlib
 
-    from ampfix.project import plan_projects
-
-    digests = {}
-    planned = []
-    for p, codes in jobs:
-        data, err = _read(p)
-        if data is None:
-            continue
-        digests[p] = hashlib.sha256(data).hexdigest()
-        if planners and b"apex" in data:
-            planned.append((p, codes))
-    plans = {}
+    digests = {p: hashlib.sha256(data).hexdigest() for p, data in texts.items()}
+    planned = [(p, codes) for p, codes in jobs if planners and b"apex" in texts.get(p, b"")]
+    names_apex = {p for p, _ in planned}
     plan_key = None
+    plans = {}
     if planned:
-        plan_key = cache.key("plan", settings, sorted((p, c, digests[p]) for p, c in planned))
-        plans = cache.get(plan_key)
-        if plans is None:
-            plans = plan_projects(jobs, settings, planners)
-            cache.put(plan_key, plans)
+        plan_key = cache.key("plan", settings, sorted((p, c, digests.get(p)) for p, c in jobs))
+        plans = cache.get(plan_key)  # None: to be planned
+
+    def key(i):
+        p, codes = jobs[i]
+        in_plan = p in names_apex or (plans is not None and p in plans)
+        return cache.key("file", settings, codes, p, digests[p], plan_key if in_plan else None)
+
     results: List[Optional[FileResult]] = [None] * len(jobs)
     keys = {}
     todo = []
@@ -486,14 +508,37 @@ def _check_cached(jobs, settings, planners, workers, cache) -> List[FileResult]:
         if p not in digests:  # unreadable: checked (and reported) without the cache
             todo.append(i)
             continue
-        keys[i] = cache.key("file", settings, codes, p, digests[p], plan_key if p in plans else None)
+        keys[i] = key(i)
         hit = cache.get(keys[i])
         if hit is None:
             todo.append(i)
         else:
             results[i] = hit
-    fresh = _run_tasks([(jobs[i][0], jobs[i][1], settings, None, plans.get(jobs[i][0])) for i in todo], workers)
-    for i, r in zip(todo, fresh):
+    first = [i for i in todo if jobs[i][0] not in names_apex]
+    later = [i for i in todo if jobs[i][0] in names_apex]
+
+    def planned_tasks(runner=None):
+        nonlocal plans
+        from ampfix.project import plan_projects
+
+        if plans is None:
+            plans = plan_projects(planned, settings, planners, given=jobs, runner=runner)
+            cache.put(plan_key, plans)
+            # a file without apex that the plan covers (a caller that now passes the scaler) is
+            # checked again, with its plan, under a key that names the plan
+            for i, (p, _) in enumerate(jobs):
+                if p in plans and p not in names_apex and p in digests:
+                    keys[i] = key(i)
+                    if i not in later:
+                        later.append(i)
+        return [(jobs[i][0], jobs[i][1], settings, None, plans.get(jobs[i][0])) for i in later]
+
+    fresh = _run_tasks([(jobs[i][0], jobs[i][1], settings, None, None) for i in first], workers,
+                       planned_tasks if (later or (planned and plans is None)) else None, also=len(later))
+    redone = set(later)
+    for n, (i, r) in enumerate(zip(first + later, fresh)):
+        if n < len(first) and i in redone:
+            continue  # checked again with its plan
         results[i] = r
         # what the file's bytes decide is kept; a read error or a crash is not
         if i in keys and r.digest == digests[jobs[i][0]] and not r.error:
@@ -514,23 +559,51 @@ def _without_groups(plan, groups):
                     plan.flags)
 
 
-def _run_tasks(tasks, workers):
-    """Run the tasks, in worker processes when there are enough.  A worker that dies (a crash in
-    the interpreter) costs only the file it was checking: the others are re-run in a new pool,
-    and the file that brings a pool down alone gets an error result."""
+def _run_tasks(tasks, workers, more=None, also: int = 0):
+    """Run the tasks, in worker processes when there are enough; ``more(runner)`` is called
+    here once they are under way (``runner(fn, items)`` maps over the same workers), and the
+    tasks it returns run after them: results come back for ``tasks + more()``, in that order.
+    A worker that dies (a crash in the interpreter) costs only the file it was checking: the
+    others are re-run in a new pool, and the file that brings a pool down alone gets an error
+    result.  ``also``: how many tasks ``more`` is expected to bring (whether a pool pays)."""
     import os
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     n = workers if workers is not None else (os.cpu_count() or 1)
-    if n <= 1 or len(tasks) < PARALLEL_THRESHOLD:
-        return [_work(t) for t in tasks]
-    results = [None] * len(tasks)
-    size = max(1, len(tasks) // (n * 8))
-    chunks = [list(range(k, min(k + size, len(tasks)))) for k in range(0, len(tasks), size)]
+    if n <= 1 or len(tasks) + also < PARALLEL_THRESHOLD:
+        results = [_work(t) for t in tasks]
+        if more is not None:
+            results += _run_tasks(more(None), workers)
+        return results
+    every = list(tasks)
+    futures = []
     broken = []
+
+    def submit(pool, start):
+        size = max(1, (len(every) - start) // (n * 8))
+        for k in range(start, len(every), size):
+            chunk = list(range(k, min(k + size, len(every))))
+            try:
+                futures.append((pool.submit(_work_chunk, [every[i] for i in chunk]), chunk))
+            except BrokenProcessPool:
+                broken.extend(chunk)
+
+    def runner(fn, items):
+        try:
+            return list(pool.map(fn, items))
+        except BrokenProcessPool:  # a crash while planning: the tries are made here instead
+            return [fn(x) for x in items]
+
     with ProcessPoolExecutor(max_workers=n, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
-        futures = [(pool.submit(_work_chunk, [tasks[i] for i in chunk]), chunk) for chunk in chunks]
+        submit(pool, 0)
+        if more is not None:
+            extra = more(runner)
+            if extra:
+                start = len(every)
+                every.extend(extra)
+                submit(pool, start)
+        results = [None] * len(every)
         for fut, chunk in futures:
             try:
                 for i, r in zip(chunk, fut.result()):
@@ -538,7 +611,7 @@ def _run_tasks(tasks, workers):
             except BrokenProcessPool:
                 broken.extend(chunk)
     for i in broken:  # the pool died: each of these alone, to find the file to blame
-        results[i] = _alone(tasks[i])
+        results[i] = _alone(every[i])
     return results
 
 

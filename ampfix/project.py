@@ -126,6 +126,34 @@ class Module:
         visit(self.tree.body, "", None, None)
         self.by_node = {id(f.node): f for f in self.functions.values()}
 
+    def by_last_name(self):
+        """(name -> [(order, node)], name -> {alias}): the calls and loaded names of the module
+        by the last name they end in (``f(...)``, ``x.f``), and ``from m import f as g`` aliases;
+        built in one walk, for the call graph."""
+        got = self.__dict__.get("_by_last")
+        if got is None:
+            nodes: Dict[str, list] = {}
+            aliases: Dict[str, Set[str]] = {}
+            for i, n in enumerate(walk(self.tree, into_functions=True)):
+                t = type(n)
+                if t is ast.Call:
+                    f = n.func
+                    last = f.id if type(f) is ast.Name else f.attr if type(f) is ast.Attribute else None
+                    if last is not None:
+                        nodes.setdefault(last, []).append((i, n))
+                elif t is ast.Name:
+                    if type(n.ctx) is ast.Load:
+                        nodes.setdefault(n.id, []).append((i, n))
+                elif t is ast.Attribute:
+                    if type(n.ctx) is ast.Load:
+                        nodes.setdefault(n.attr, []).append((i, n))
+                elif t is ast.ImportFrom:
+                    for a in n.names:
+                        if a.asname:
+                            aliases.setdefault(a.name, set()).add(a.asname)
+            got = self._by_last = (nodes, aliases)
+        return got
+
     def function_of(self, node) -> Optional[Function]:
         """The innermost project function holding ``node``."""
         self.index()
@@ -370,18 +398,17 @@ class Project:
                 if not pat.search(m.src.text):
                     continue
                 m.index()
-                local = {name} | {a.asname for n in walk(m.tree, into_functions=True)
-                                  if isinstance(n, ast.ImportFrom) for a in n.names if a.name == name and a.asname}
-                for n in walk(m.tree, into_functions=True):
+                by_last, aliases = m.by_last_name()
+                local = [name, *sorted(aliases.get(name, ()))]
+                found = [x for ln in local for x in by_last.get(ln, ())]
+                if len(local) > 1:
+                    found.sort(key=lambda x: x[0])
+                for _, n in found:
                     if isinstance(n, ast.Call):
-                        if not _ends_in(n.func, local):
-                            continue
                         f, bound = self.resolve(m, n.func)
                         if f is not None:
                             self._calls.setdefault(id(f.node), []).append(CallSite(n, m, m.function_of(n), f, bound))
-                    elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
-                        if not _ends_in(n, local):
-                            continue
+                    else:
                         p = getattr(n, "_p", None)
                         if isinstance(p, ast.Call) and p.func is n:
                             continue
@@ -482,6 +509,16 @@ class Project:
                     break
         return sorted(out)
 
+    #: ``runner(fn, items) -> [fn(item)]`` over worker processes (None: here, in order)
+    runner = None
+
+    def map(self, fn, items: list) -> list:
+        """``[fn(x) for x in items]``, in the run's worker processes when it has them (``fn``
+        and the items must pickle)."""
+        if self.runner is None or len(items) < 2:
+            return [fn(x) for x in items]
+        return self.runner(fn, items)
+
     def plan(self, planner):
         if planner not in self._plans:
             self._plans[planner] = planner(self)
@@ -514,11 +551,11 @@ def _ends_in(node, names) -> bool:
     return False
 
 
-def plan_projects(jobs, settings, planners) -> Dict[str, object]:
+def plan_projects(jobs, settings, planners, given=None, runner=None) -> Dict[str, object]:
     """path -> its FilePlan, for the files that planners look at (those whose text names apex).
 
     Files without apex are checked on their own; the others are read here, once, and planned
-    together, so that a migration spanning modules is decided as a whole.  Only the small
+    together (``given``: all the files of the run, where callers may be found), so that a migration spanning modules is decided as a whole.  Only the small
     per-file plans travel to the worker processes."""
     from ampfix.engine import _read
 
@@ -535,7 +572,9 @@ def plan_projects(jobs, settings, planners) -> Dict[str, object]:
             continue
     if not sources:
         return {}
-    project = Project(sources, settings, root=project_root([p for p, _ in jobs]), given=[p for p, _ in jobs])
+    given = list(jobs if given is None else given)  # every file of the run: callers may be there
+    project = Project(sources, settings, root=project_root([p for p, _ in given]), given=[p for p, _ in given])
+    project.runner = runner
     out: Dict[str, object] = {}
     for planner in planners:
         for path, fp in planner(project).items():

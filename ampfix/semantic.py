@@ -358,15 +358,44 @@ class Model:
 
 
 # ------------------------------------------------------------------------------ node helpers
+def _children(node, AST=ast.AST, list_=list) -> List[ast.AST]:
+    out = []
+    for f in node._fields:
+        v = getattr(node, f, None)
+        if isinstance(v, AST):
+            out.append(v)
+        elif isinstance(v, list_):
+            out.extend([x for x in v if isinstance(x, AST)])
+    return out
+
+
 def walk(node, into_functions: bool = False) -> Iterator[ast.AST]:
-    """Every node below ``node`` (pre-order), not entering nested defs/classes/lambdas."""
-    stack = list(reversed(list(ast.iter_child_nodes(node))))
+    """Every node below ``node`` (pre-order), not entering nested defs/classes/lambdas.
+
+    A whole module walked with ``into_functions`` is kept (a list on the tree): the planners
+    and rules walk the same module many times, and a tree is never edited in place."""
+    if into_functions and type(node) is ast.Module:
+        every = node.__dict__.get("_every")
+        if every is None:
+            every = node._every = list(_walk(node, True))
+        return iter(every)
+    return _walk(node, into_functions)
+
+
+def _walk(node, into_functions: bool) -> Iterator[ast.AST]:
+    stack = _children(node)
+    stack.reverse()
+    stop = () if into_functions else (*DEFS, ast.Lambda)
+    pop, extend = stack.pop, stack.extend
     while stack:
-        n = stack.pop()
+        n = pop()
         yield n
-        if not into_functions and isinstance(n, (*DEFS, ast.Lambda)):
+        if stop and isinstance(n, stop):
             continue
-        stack.extend(reversed(list(ast.iter_child_nodes(n))))
+        kids = _children(n)
+        if kids:
+            kids.reverse()
+            extend(kids)
 
 
 def statement_of(node) -> Optional[ast.stmt]:

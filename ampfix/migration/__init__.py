@@ -210,15 +210,28 @@ def plan(project) -> Dict[str, FilePlan]:
                     for n in uses[:1]:
                         g.add_use(m.path, n)
             groups.append(g)
+    # each group's rewrite is tried on copies of its files (in the worker processes, when the
+    # run has them: the tries are independent of each other)
+    tries: List[tuple] = []
+    owners: List[Group] = []
+    for g in groups:
+        if g.refusal is not None:
+            continue
+        try:
+            mine = rewrites(project, g)
+        except Refuse as exc:
+            g.refusal = str(exc)
+            continue
+        except Exception as exc:  # a bug: the group is left whole, the run goes on
+            g.refusal = f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
+            continue
+        tries.extend(mine)
+        owners.extend([g] * len(mine))
+    for g, outcome in zip(owners, project.map(try_rewrite, tries)):
+        if outcome is not None and g.refusal is None:
+            g.refusal = outcome
     out: Dict[str, FilePlan] = {}
     for g in groups:
-        if g.refusal is None:
-            try:
-                dry_run(project, g)
-            except Refuse as exc:
-                g.refusal = str(exc)
-            except Exception as exc:  # a bug: the group is left whole, the run goes on
-                g.refusal = f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
         _emit(project, g, out)
     for path, nodes in getattr(project, "uninitialized", {}).items():
         fp = out.setdefault(path, FilePlan(path))
@@ -267,39 +280,52 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
             fp.notes[(uses[0].lineno, uses[0].col_offset)] = g.note_at_anchor
 
 
-def dry_run(project, g: Group) -> None:
-    """Apply the group to a copy of each file: it must parse and pass the self-checks."""
-    from ampfix.engine import _apply, _parses
-
+def rewrites(project, g: Group) -> List[tuple]:
+    """The group's edits of each file, as self-contained tries for :func:`try_rewrite`."""
+    out = []
     for path, fc in g.changes.items():
         edits = fc.finish()
         fc.final_edits = edits
         if not any("torch." in e.text or "torch." in e.before for e in edits):
             fc.adds = [a for a in fc.adds if a.module != "torch"]
-        fix = Fix(g.description, edits, add_imports=fc.adds, remove_imports=fc.removes, group=g.id)
-        try:
-            new = _apply(fc.src.text, path, [fix])
-        except Conflict as exc:
-            raise Refuse(f"the rewrite of {path} does not fit together ({exc})") from None
-        except SyntaxError:
-            raise Refuse(f"the rewrite of {path} does not parse") from None
-        if not _parses(new):
-            raise Refuse(f"the rewrite of {path} does not parse")
-        problems = self_check(project, fc.src.text, new, path)
-        if problems:
-            raise Refuse(f"its output would be wrong: {problems[0]}")
+        out.append((path, fc.src.text, g.description, edits, list(fc.adds), list(fc.removes), g.id,
+                    project.settings))
+    return out
+
+
+def try_rewrite(job) -> Optional[str]:
+    """None when the rewrite parses and passes the self-checks; else why it is refused."""
+    from ampfix.engine import _apply, _parses
+
+    path, text, description, edits, adds, removes, group, settings = job
+    fix = Fix(description, edits, add_imports=adds, remove_imports=removes, group=group)
+    try:
+        new = _apply(text, path, [fix])
+    except Conflict as exc:
+        return f"the rewrite of {path} does not fit together ({exc})"
+    except SyntaxError:
+        return f"the rewrite of {path} does not parse"
+    except Exception as exc:  # a bug: the group is left whole, the run goes on
+        return f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
+    if not _parses(new):
+        return f"the rewrite of {path} does not parse"
+    try:
+        problems = self_check_texts(settings, text, new, path)
+    except Exception as exc:
+        return f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
+    if problems:
+        return f"its output would be wrong: {problems[0]}"
+    return None
 
 
 SELF_CHECK = ("AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212")
 
 
-def self_check(project, before: str, after: str, path: str) -> List[str]:
-    """Problems the self-check rules find in ``after`` and not in ``before`` (by code and message)."""
+def self_check_texts(settings, before: str, after: str, path: str) -> List[str]:
     from ampfix.engine import check_source
     from ampfix.registry import rules_by_code
 
     rules = [rules_by_code()[c] for c in SELF_CHECK if c in rules_by_code()]
-    settings = project.settings
 
     def found(text):
         res = check_source(text.encode("utf-8"), path, rules, settings, plan=False)
