@@ -103,6 +103,8 @@ def _run(kw, fix: Optional[str]):
 
     problems: list = []
     files = list(discover(paths, cfg.root, cfg.all_excludes, cfg.respect_gitignore, problems))
+    if not files and not problems:
+        click.echo(f"ampfix: warning: no Python files found under {', '.join(paths)}", err=True)
     jobs = [(str(f), cfg.codes_for(f, selected)) for f in files]
     cache = None
     if not fix and not kw.get("no_cache") and not os.environ.get("AMPFIX_NO_CACHE"):
@@ -198,11 +200,27 @@ def main():
 @click.option("--statistics", is_flag=True, help="Show a count of problems per rule instead of each one.")
 @click.option("--no-cache", is_flag=True, help="Check every file afresh (do not read or write the result cache).")
 @click.option("--quiet", "-q", is_flag=True, help="Print diagnostics only, no summary.")
+@click.option("--fix", is_flag=True, help="Apply the safe fixes (as 'ampfix migrate --write').")
+@click.option("--diff", is_flag=True, help="Show the fixes as a diff, change nothing (as 'ampfix migrate').")
+@click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also the fixes that change behaviour.")
+@click.option("--show-fixes", is_flag=True, help="List what the fixes do (with --fix: what they did).")
+@click.option("--add-noqa", is_flag=True, help="Add '# noqa: CODE' to every line that has a problem now.")
 def check(**kw):
     """Report problems in PATHS (files or folders; '-' reads standard input)."""
+    if kw["fix"] or kw["diff"]:
+        if kw["fix"] and kw["diff"]:
+            click.echo("ampfix: error: --fix and --diff do not go together (--diff changes nothing)", err=True)
+            sys.exit(EXIT_ERROR)
+        kw["write"] = kw["fix"]
+        sys.exit(_guard(kw, lambda: _migrate(kw)))
+    if kw["unsafe_fixes"]:
+        click.echo("ampfix: error: --unsafe-fixes goes with --fix or --diff", err=True)
+        sys.exit(EXIT_ERROR)
+    if kw["add_noqa"]:
+        sys.exit(_guard(kw, lambda: _add_noqa(kw)))
 
     def body():
-        from ampfix.report import statistics, summary_line, write_diagnostics
+        from ampfix.report import show_fixes, statistics, summary_line, write_diagnostics
 
         cfg, results = _run(kw, fix=None)
         diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
@@ -212,11 +230,50 @@ def check(**kw):
                 out.write(statistics(diags) + "\n")
         else:
             write_diagnostics(results, diags, kw["output_format"], out)
-        if not kw["quiet"] and kw["output_format"] not in ("json", "github"):
+        if kw["show_fixes"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):
+            out.write(show_fixes(diags))
+        if not kw["quiet"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):
             click.echo(summary_line(diags), err=False)
         return EXIT_PROBLEMS if diags and not kw["exit_zero"] else EXIT_OK
 
     sys.exit(_guard(kw, body))
+
+
+def _add_noqa(kw) -> int:
+    from ampfix.noqa import add_noqa
+    from ampfix.source import SourceError
+    from ampfix.writer import WriteError, digest, write_atomic
+
+    if tuple(kw["paths"]) == ("-",):
+        raise ConfigError("--add-noqa writes files: name them (not '-')")
+    kw["no_cache"] = True
+    cfg, results = _run(kw, fix=None)
+    added = files = 0
+    failed = False
+    for r in results:
+        lines: dict = {}
+        for d in r.diagnostics:
+            if d.code not in ("AMP000", "AMP001") and d.path == r.path and r.path.endswith((".py", ".pyi")):
+                lines.setdefault(d.line, set()).add(d.code)
+        if not lines:
+            continue
+        try:
+            with open(r.path, "rb") as fh:
+                data = fh.read()
+            new, n, skipped = add_noqa(data, r.path, lines)
+            if n:
+                write_atomic(r.path, new, expected=r.digest or digest(data))
+                added += n
+                files += 1
+        except (OSError, SourceError, WriteError) as exc:
+            click.echo(f"{r.path}: error: {getattr(exc, 'message', None) or exc}", err=True)
+            failed = True
+            continue
+        for line in skipped:
+            click.echo(f"{r.path}:{line}: no noqa added: the line ends inside a string or a continuation", err=True)
+    click.echo(f"Added {added} noqa directive{'s' if added != 1 else ''} to {files} file{'s' if files != 1 else ''}.",
+               err=True)
+    return EXIT_ERROR if failed else EXIT_OK
 
 
 @main.command()
@@ -226,54 +283,55 @@ def check(**kw):
 @click.option("--quiet", "-q", is_flag=True, help="No per-file report.")
 def migrate(**kw):
     """Rewrite PATHS: show the diff of every safe fix, or apply them with --write."""
+    kw.setdefault("show_fixes", False)
+    sys.exit(_guard(kw, lambda: _migrate(kw)))
 
-    def body():
-        from ampfix.report import migrate_report, unified_diff
-        from ampfix.writer import WriteError, write_atomic
 
-        cfg, results = _run(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
-        out = click.get_text_stream("stdout")
-        if kw["paths"] == ("-",):
-            from ampfix.engine import IO_ERROR, SYNTAX_ERROR
+def _migrate(kw) -> int:
+    from ampfix.report import migrate_report, unified_diff
+    from ampfix.writer import WriteError, write_atomic
 
-            r = results[0]
-            # always the whole text: fixed, or as it came when nothing applies or it cannot be read
-            sys.stdout.buffer.write(r.fixed_bytes if r.changed and r.fixed_bytes is not None else r.input)
-            sys.stdout.buffer.flush()
-            for d in r.diagnostics:
-                click.echo(f"{d.path}:{d.line}:{d.col}: {d.code} {d.message}", err=True)
-            if any(d.code in (SYNTAX_ERROR[0], IO_ERROR[0]) for d in r.diagnostics):
-                return EXIT_ERROR
-            return EXIT_OK if not r.diagnostics or kw["exit_zero"] else EXIT_PROBLEMS
-        changed = [r for r in results if r.changed]
-        failed = []
-        if kw["write"]:
-            for r in changed:
-                try:
-                    write_atomic(r.path, r.fixed_bytes, expected=r.digest, python=r.path.endswith((".py", ".pyi")))
-                except WriteError as exc:
-                    failed.append(r)
-                    r.error = str(exc)
-                    r.fixed = r.original  # not rewritten
-            changed = [r for r in changed if r not in failed]
-        else:
-            for r in changed:
-                out.write(unified_diff(r))
-            out.flush()  # the diff before the report, on a terminal too
-        if not kw["quiet"]:
-            err = click.get_text_stream("stderr")
-            migrate_report(results, kw["write"], err)
-            n = len(changed)
-            left = sum(len(r.diagnostics) for r in results)
-            verb = "Rewrote" if kw["write"] else "Would rewrite"
-            err.write(f"{verb} {n} file{'s' if n != 1 else ''}; {left} problem{'s' if left != 1 else ''} left for a person.\n")
-        remaining = any(r.diagnostics for r in results)
-        dirty = bool(changed) and not kw["write"]
-        if failed or any(r.error and not r.error.startswith("skipped") for r in results):
-            return EXIT_ERROR  # some files could not be read or written (each one is named above)
-        return EXIT_PROBLEMS if (remaining or dirty) and not kw["exit_zero"] else EXIT_OK
+    cfg, results = _run(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
+    out = click.get_text_stream("stdout")
+    if kw["paths"] == ("-",):
+        from ampfix.engine import IO_ERROR, SYNTAX_ERROR
 
-    sys.exit(_guard(kw, body))
+        r = results[0]
+        # always the whole text: fixed, or as it came when nothing applies or it cannot be read
+        sys.stdout.buffer.write(r.fixed_bytes if r.changed and r.fixed_bytes is not None else r.input)
+        sys.stdout.buffer.flush()
+        for d in r.diagnostics:
+            click.echo(f"{d.path}:{d.line}:{d.col}: {d.code} {d.message}", err=True)
+        if any(d.code in (SYNTAX_ERROR[0], IO_ERROR[0]) for d in r.diagnostics):
+            return EXIT_ERROR
+        return EXIT_OK if not r.diagnostics or kw["exit_zero"] else EXIT_PROBLEMS
+    changed = [r for r in results if r.changed]
+    failed = []
+    if kw["write"]:
+        for r in changed:
+            try:
+                write_atomic(r.path, r.fixed_bytes, expected=r.digest, python=r.path.endswith((".py", ".pyi")))
+            except WriteError as exc:
+                failed.append(r)
+                r.error = str(exc)
+                r.fixed = r.original  # not rewritten
+        changed = [r for r in changed if r not in failed]
+    else:
+        for r in changed:
+            out.write(unified_diff(r))
+        out.flush()  # the diff before the report, on a terminal too
+    if not kw["quiet"]:
+        err = click.get_text_stream("stderr")
+        migrate_report(results, kw["write"], err)
+        n = len(changed)
+        left = sum(len(r.diagnostics) for r in results)
+        verb = "Rewrote" if kw["write"] else "Would rewrite"
+        err.write(f"{verb} {n} file{'s' if n != 1 else ''}; {left} problem{'s' if left != 1 else ''} left for a person.\n")
+    remaining = any(r.diagnostics for r in results)
+    dirty = bool(changed) and not kw["write"]
+    if failed or any(r.error and not r.error.startswith("skipped") for r in results):
+        return EXIT_ERROR  # some files could not be read or written (each one is named above)
+    return EXIT_PROBLEMS if (remaining or dirty) and not kw["exit_zero"] else EXIT_OK
 
 
 @main.command()

@@ -87,6 +87,17 @@ def summary_line(diags: Sequence[Diagnostic], unsafe_on: bool = False) -> str:
     return text
 
 
+def show_fixes(diags: Sequence[Diagnostic]) -> str:
+    """What the available fixes do, per rule (``check --show-fixes``)."""
+    counts = Counter((d.code, d.fix, d.fix_description or d.message) for d in diags if d.fix)
+    if not counts:
+        return "No fixes available.\n"
+    out = ["Fixes available (apply with 'ampfix check --fix', or --unsafe-fixes for the unsafe ones):"]
+    for (code, kind, what), n in sorted(counts.items()):
+        out.append(f"  {n:4d} x {code} [{'safe' if kind == 'safe' else 'unsafe'}] {what}")
+    return "\n".join(out) + "\n"
+
+
 def statistics(diags: Sequence[Diagnostic]) -> str:
     counts = Counter((d.code, d.name) for d in diags)
     fixable = {d.code for d in diags if d.fix == "safe"}
@@ -108,6 +119,27 @@ def unified_diff(result: FileResult) -> str:
     )
 
 
+def original_line(original: str, fixed: str):
+    """``(line, col) -> (line, col)``: a position in ``fixed`` as a position in ``original``.
+    A line the rewrite left alone keeps its column; a line it changed maps to the first line of
+    what it replaced, column 1."""
+    a, b = original.splitlines(), fixed.splitlines()
+    spans = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+
+    def where(line: int, col: int):
+        i = line - 1
+        for tag, a0, a1, b0, b1 in spans:
+            if b0 <= i < b1:
+                if tag == "equal":
+                    return a0 + (i - b0) + 1, col
+                if tag == "replace" and a1 - a0 == b1 - b0:
+                    return a0 + (i - b0) + 1, 1
+                return min(a0, max(len(a) - 1, 0)) + 1, 1
+        return line, col
+
+    return where
+
+
 def migrate_report(results: Sequence[FileResult], wrote: bool, out: TextIO) -> None:
     """Per file: rewritten (what), left for a person (why, where), untouched."""
     untouched = 0
@@ -125,9 +157,12 @@ def migrate_report(results: Sequence[FileResult], wrote: bool, out: TextIO) -> N
                 f"{k}{f' (x{n})' if n > 1 else ''}" for k, n in kinds.items()) + "\n")
         else:
             out.write(f"{r.path}: not rewritten\n")
+        # a dry run leaves the file as it is: positions are given in it, not in the rewritten text
+        where = original_line(r.original, r.fixed) if (r.changed and not wrote) else None
         for d in r.diagnostics:
             why = "needs --unsafe-fixes: " if d.fix == "unsafe" else ""
-            out.write(f"  left for a person: {d.path}:{d.line}:{d.col}: {d.code} {why}{d.message}\n")
+            line, col = (d.line, d.col) if where is None else where(d.line, d.col)
+            out.write(f"  left for a person: {d.path}:{line}:{col}: {d.code} {why}{d.message}\n")
     if untouched:
         out.write(f"{untouched} file{'s' if untouched != 1 else ''} untouched.\n")
 

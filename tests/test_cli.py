@@ -16,6 +16,7 @@ opt.zero_grad(set_to_none=False)
 x = torch.zeros(3).cuda()
 """
 GOOD = "import torch\nx = torch.zeros(3, device='cuda')\n"
+FIXABLE = "import torch\nx = torch.zeros(3).cuda()\n"
 
 
 def run(*args, input=None):
@@ -210,3 +211,87 @@ def test_unsafe_fixes_from_config(in_tmp, write):
     p = write("r.py", "import torch\nx = torch.randn(3).cuda()\n")
     assert run("migrate", "--write", "r.py").exit_code == 0
     assert p.read_text() == 'import torch\nx = torch.randn(3, device="cuda")\n'
+
+
+def test_verify_without_torch_is_a_one_line_error(monkeypatch, tmp_path):
+    """Documented: exit 2 with a message, not a traceback from the child process."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    script = tmp_path / "t.py"
+    script.write_text("print('hi')\n")
+    r = CliRunner().invoke(main, ["verify", "--device", "cpu", str(script)])
+    assert r.exit_code == 2 and "needs torch" in r.output and "Traceback" not in r.output
+
+
+def test_migrate_dry_run_names_lines_of_the_file_as_it_is(tmp_path):
+    """The rewrite drops two import lines and adds one: what is left for a person is reported
+    where `check` reports it (the file is not changed by a dry run); after --write, in the new text."""
+    f = tmp_path / "train.py"
+    f.write_text("import torch\nimport apex\nfrom apex import amp\n\n"
+                 "model = torch.nn.Linear(4, 4).cuda()\n"
+                 "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                 "model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+                 "for step in range(10):\n"
+                 "    x = torch.randn(8, 4, device='cuda')\n"
+                 "    loss = model(x).sum()\n"
+                 "    optimizer.zero_grad()\n"
+                 "    with amp.scale_loss(loss, optimizer) as scaled:\n"
+                 "        scaled.backward()\n"
+                 "    optimizer.step()\n"
+                 "    print(loss.item())\n")
+    checked = CliRunner().invoke(main, ["check", "--no-cache", str(f)]).output
+    at = next(line.split(": AMP303")[0] for line in checked.splitlines() if "AMP303" in line)
+    assert at.endswith(":15:11")
+    dry = CliRunner().invoke(main, ["migrate", str(f)])
+    assert f"left for a person: {at}: AMP303" in dry.stderr
+    wrote = CliRunner().invoke(main, ["migrate", "--write", str(f)])
+    line = next(n for n, text in enumerate(f.read_text().splitlines(), 1) if "loss.item()" in text)
+    assert f"left for a person: {f}:{line}:11: AMP303" in wrote.stderr
+
+
+def test_a_folder_without_python_files_says_so(tmp_path):
+    (tmp_path / "notes.txt").write_text("nothing to check\n")
+    r = CliRunner().invoke(main, ["check", str(tmp_path)])
+    assert r.exit_code == 0 and "no Python files found under" in r.stderr
+
+
+NOQA_CASES = (
+    "import torch\n"
+    "x = torch.zeros(3).cuda()\n"
+    "y = torch.ones(3).cuda()  # noqa: AMP999\n"
+    "z = torch.zeros(2).cuda()  # a note\n"
+    "s = (torch.zeros(4).cuda(), '''a\n"
+    "b''')\n"
+)
+
+
+def test_add_noqa_then_check_passes(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_text(NOQA_CASES)
+    r = CliRunner().invoke(main, ["check", "--add-noqa", str(f)])
+    assert r.exit_code == 0, r.output
+    text = f.read_text()
+    assert "x = torch.zeros(3).cuda()  # noqa: AMP302\n" in text
+    assert "y = torch.ones(3).cuda()  # noqa: AMP302, AMP999\n" in text  # merged into the one there
+    assert "z = torch.zeros(2).cuda()  # a note  # noqa: AMP302\n" in text
+    # the line's end is inside a string: not touched, and said
+    assert "s = (torch.zeros(4).cuda(), '''a\nb''')\n" in text and ":5: no noqa added" in r.stderr
+    after = CliRunner().invoke(main, ["check", "--no-cache", str(f)])
+    assert [line.split(":")[1] for line in after.output.splitlines() if "AMP302" in line] == ["5"]
+    # a second run adds nothing
+    again = CliRunner().invoke(main, ["check", "--add-noqa", str(f)])
+    assert f.read_text() == text and "Added 0 noqa" in again.stderr
+
+
+def test_check_fix_and_diff_are_migrate(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_text(FIXABLE)
+    diff = CliRunner().invoke(main, ["check", "--diff", str(f)])
+    assert diff.exit_code == 1 and "+x = torch.zeros(3, device=" in diff.stdout and f.read_text() == FIXABLE
+    shown = CliRunner().invoke(main, ["check", "--show-fixes", "--no-cache", str(f)])
+    assert "Fixes available" in shown.output and "AMP302 [safe]" in shown.output
+    fixed = CliRunner().invoke(main, ["check", "--fix", str(f)])
+    assert fixed.exit_code == 0 and "device=" in f.read_text()
+    assert CliRunner().invoke(main, ["check", "--fix", "--diff", str(f)]).exit_code == 2

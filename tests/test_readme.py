@@ -13,6 +13,14 @@ def test_rule_table_matches_registry():
     assert rows == expected
 
 
-def test_test_command_is_what_ci_runs():
-    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
-    assert "python -m pytest -q" in README and "python -m pytest -q" in ci
+def quick_start():
+    block = README.split("## Quick start", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_quick_start_is_two_commands_and_ci_runs_the_second_verbatim():
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text().splitlines()
+    first, second = quick_start()
+    assert first.startswith("pip install .") and "ampfix check fixtures/" in first
+    assert second.endswith("python -m pytest -q") and "torch==2.13.0" in second
+    assert second in ci

@@ -150,3 +150,22 @@ def test_compare_leaves_out_the_steps_the_scaler_skipped():
     counts = {"scaler_updates": 30, "scaler_steps": 30}
     aligned = compare({"losses": amp, "skipped_at_update": [0, 1], "amp_counts": counts}, {"losses": fp32}, opts)
     assert aligned["loss_within_tolerance"] is True and aligned["skipped_steps_left_out"] == 2
+
+
+def test_report_numbers_are_readable_and_agree():
+    """A final loss of 5.2e-05 is not printed as 0.0000, and the table's step time is the one the
+    speed-up line is computed from (steady steps, after warm-up)."""
+    from ampfix.verify import format_report, verdict
+
+    opts = Options(warmup=2)
+    amp = {"status": "stopped", "steps": 12, "losses": [1.0] * 11 + [5.2e-05],
+           "step_times_ms": [90.0, 80.0] + [4.0] * 10}
+    fp32 = {"status": "stopped", "steps": 12, "losses": [1.0] * 11 + [5.3e-05],
+            "step_times_ms": [95.0, 85.0] + [8.0] * 10}
+    rep = {"script": "t.py", "options": vars(opts), "runs": {"amp": amp, "fp32": fp32}}
+    rep["comparison"] = compare(amp, fp32, opts)
+    rep["verdict"] = verdict(rep["runs"], rep["comparison"])
+    text = format_report(rep)
+    assert "5.2e-05" in text and "0.0000" not in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("amp "))
+    assert " 4.00 " in row and "8.00 ms -> 4.00 ms a step" in text

@@ -215,6 +215,11 @@ def verdict(runs: Dict[str, dict], cmp: dict) -> dict:
 def verify(script: str, args: List[str], opts: Options, original: Optional[str] = None) -> dict:
     if not os.path.isfile(script):
         raise VerifyError(f"{script}: no such file")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise VerifyError("ampfix verify needs torch in this Python "
+                          f"({sys.executable}): pip install 'ampfix[verify]'")
     if opts.device != "cpu" and not _cuda_available():
         raise VerifyError("no CUDA GPU is visible: verify measures AMP on a GPU "
                           "(use --device cpu to check the plumbing with CPU autocast)")
@@ -231,15 +236,24 @@ def verify(script: str, args: List[str], opts: Options, original: Optional[str] 
     return report
 
 
+def number(x: float) -> str:
+    """A figure people read: four significant digits, never 0.0000 for a small non-zero value."""
+    if x == 0 or x != x or x in (float("inf"), float("-inf")):
+        return str(x) if x else "0"
+    return f"{x:.4g}"
+
+
 def format_report(rep: dict) -> str:
     lines = [f"ampfix verify {rep['script']}"]
     rows = [("run", "status", "steps", "final loss", "step ms", "peak MiB", "syncs/step", "skipped")]
+    o = rep.get("options") or {}
+    opts = Options(**{k: v for k, v in o.items() if k in Options.__dataclass_fields__})
     for name, r in rep["runs"].items():
-        times = r.get("step_times_ms") or []
+        times = _steady(r, opts)  # the steps the speed-up is computed from
         losses = [x for x in r.get("losses") or [] if x is not None]
         syncs = r.get("syncs_per_step") or []
         rows.append((name, r.get("status", "?"), str(r.get("steps", 0)),
-                     f"{losses[-1]:.4f}" if losses else "-",
+                     number(losses[-1]) if losses else "-",
                      f"{statistics.median(times):.2f}" if times else "-",
                      f"{r['peak_memory_bytes'] / 2**20:.0f}" if r.get("peak_memory_bytes") else "-",
                      f"{statistics.median(syncs):.0f}" if syncs else "-",
