@@ -225,7 +225,7 @@ def check(**kw):
         cfg, results = _run(kw, fix=None)
         diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
         out = click.get_text_stream("stdout")
-        if kw["statistics"] and kw["output_format"] != "json":
+        if kw["statistics"] and kw["output_format"] not in ("json", "sarif", "gitlab"):
             if diags:
                 out.write(statistics(diags) + "\n")
         else:
@@ -344,13 +344,18 @@ def clean():
 
 
 @main.command("rules")
-@click.option("--output-format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--output-format", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True)
 def rules_cmd(output_format):
-    """List every rule: code, name, fix, on by default."""
+    """List every rule: code, name, fix, on by default (markdown: the whole documentation)."""
     import json
 
     from ampfix.registry import all_rules
 
+    if output_format == "markdown":
+        from ampfix.report import rules_markdown
+
+        click.echo(rules_markdown(), nl=False)
+        return
     rows = [(r.code, r.name, r.fix_kind or "-", "yes" if r.default else "no", r.summary) for r in all_rules()]
     if output_format == "json":
         click.echo(json.dumps([dict(zip(("code", "name", "fix", "default", "summary"), row)) for row in rows], indent=2))
