@@ -17,9 +17,16 @@ class Diagnostic:
     message: str
     fix: Optional[str] = None  # "safe" | "unsafe" | None
     fix_description: Optional[str] = None
+    cell: Optional[int] = None  # a notebook's cell (as Jupyter numbers them); line is in the cell
 
     def sort_key(self):
-        return (self.path, self.line, self.col, self.code)
+        return (self.path, self.cell or 0, self.line, self.col, self.code)
+
+    @property
+    def where(self) -> str:
+        """``path:line:col``, or ``path:cell N:line:col`` in a notebook."""
+        cell = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{self.path}:{cell}{self.line}:{self.col}"
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -363,6 +363,42 @@ def check_source(data: bytes, path: str, rules: Sequence[type], settings: Settin
     return run_deep(_check_one, src, rules, settings, fix, plan, allowed_groups)
 
 
+def check_notebook(data: bytes, path: str, rules: Sequence[type], settings: Settings,
+                   fix: Optional[str] = None) -> FileResult:
+    """A Jupyter notebook: its code cells checked (and fixed) as one module; diagnostics name
+    the cell and the line in it; the fixed notebook keeps everything but the changed cells."""
+    from ampfix import notebook
+
+    try:
+        book = notebook.read(data, path)
+    except notebook.NotebookError as exc:
+        return error_result(path, f"cannot read the notebook: {exc}", kind=SYNTAX_ERROR)
+    result = check_source(book.module.encode("utf-8"), path, rules, settings, fix, plan=None)
+    import dataclasses
+
+    text = result.fixed if fix and result.fixed is not None else book.module
+    placed = []
+    for d in result.diagnostics:
+        cell, line = notebook.where(text, d.line)
+        if cell is not None:
+            d = dataclasses.replace(d, cell=cell, line=line, end_line=line + (d.end_line - d.line))
+        placed.append(d)
+    result.diagnostics = placed
+    if fix:
+        if result.changed:
+            try:
+                result.fixed_bytes = notebook.write_back(book, result.fixed)
+            except notebook.NotebookError as exc:
+                result.error = f"not rewritten: {exc}"
+                result.fixed, result.fixed_bytes = result.original, data
+        else:
+            result.fixed_bytes = data
+        if result.original is not None:  # the diff shows the IPython lines, not their stand-ins
+            result.original = notebook.shown(book, result.original)
+            result.fixed = notebook.shown(book, result.fixed)
+    return result
+
+
 def _check_one(src, rules, settings, fix, plan, allowed_groups):
     if plan is None:
         from ampfix.plan import planners_of
@@ -414,7 +450,10 @@ def _work(args) -> FileResult:
     from ampfix.writer import digest
 
     try:
-        result = check_source(data, path, rules, settings, fix, plan=plan if plan is not None else False)
+        if path.endswith(".ipynb"):
+            result = check_notebook(data, path, rules, settings, fix)
+        else:
+            result = check_source(data, path, rules, settings, fix, plan=plan if plan is not None else False)
     except FixError as exc:
         return error_result(path, str(exc))
     result.digest = digest(data)
@@ -441,7 +480,7 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
             texts[p] = data
     if cache is not None and not fix:
         return _check_cached(jobs, texts, settings, planners, workers, cache)
-    planned = {p for p, _ in jobs if planners and b"apex" in texts.get(p, b"")}
+    planned = {p for p, _ in jobs if planners and b"apex" in texts.get(p, b"") and not p.endswith(".ipynb")}
     plans: dict = {}
     late: List[int] = []
 
@@ -488,7 +527,8 @@ def _check_cached(jobs, texts, settings, planners, workers, cache) -> List[FileR
     import hashlib
 
     digests = {p: hashlib.sha256(data).hexdigest() for p, data in texts.items()}
-    planned = [(p, codes) for p, codes in jobs if planners and b"apex" in texts.get(p, b"")]
+    planned = [(p, codes) for p, codes in jobs
+               if planners and b"apex" in texts.get(p, b"") and not p.endswith(".ipynb")]
     names_apex = {p for p, _ in planned}
     plan_key = None
     plans = {}

@@ -7,6 +7,9 @@ import re
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+#: what ampfix checks: Python modules and Jupyter notebooks
+SOURCES = (".py", ".ipynb")
+
 DEFAULT_EXCLUDES = (
     ".git", ".hg", ".svn", ".bzr", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox",
     ".venv", "venv", ".eggs", "__pycache__", "__pypackages__", "_build", "build", "dist",
@@ -154,13 +157,13 @@ def discover(
 
     for raw in paths:
         p = Path(raw)
-        if p.is_file() or (not p.exists() and p.suffix == ".py" and not p.is_symlink()):
+        if p.is_file() or (not p.exists() and p.suffix in SOURCES and not p.is_symlink()):
             if _matches_any(p, root, exclude):
                 continue
             if once(p):
                 yield p
             continue
-        if p.suffix == ".py" and (p.is_symlink() or p.exists()) and not p.is_dir():
+        if p.suffix in SOURCES and (p.is_symlink() or p.exists()) and not p.is_dir():
             problems.append((str(p), _why_not_file(p)))
             continue
         if not p.is_dir():
@@ -225,7 +228,7 @@ def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore, problem
         try:
             e.name.encode("utf-8")
         except UnicodeEncodeError:
-            if e.name.endswith(".py"):
+            if e.name.endswith(SOURCES):
                 problems.append((os.fsdecode(os.fsencode(str(path))).encode("utf-8", "backslashreplace").decode(),
                                  "the file name is not valid UTF-8; skipped"))
             continue
@@ -239,7 +242,7 @@ def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore, problem
             if _matches_any(path, root, exclude) or (local and _ignored(path, True, local)):
                 continue
             yield from _walk(path, root, exclude, local, respect_gitignore, problems, visited)
-        elif e.name.endswith(".py"):
+        elif e.name.endswith(SOURCES):
             if _matches_any(path, root, exclude) or (local and _ignored(path, False, local)):
                 continue
             try:

@@ -24,12 +24,12 @@ def _mark(d: Diagnostic) -> str:
 
 
 def concise(d: Diagnostic) -> str:
-    return f"{d.path}:{d.line}:{d.col}: {d.code}{_mark(d)} {d.message}"
+    return f"{d.where}: {d.code}{_mark(d)} {d.message}"
 
 
 def full(d: Diagnostic, lines: List[str]) -> str:
-    out = [f"{d.code} {d.name}: {d.message}", f"  --> {d.path}:{d.line}:{d.col}"]
-    if 1 <= d.line <= len(lines):
+    out = [f"{d.code} {d.name}: {d.message}", f"  --> {d.where}"]
+    if d.cell is None and 1 <= d.line <= len(lines):
         src = lines[d.line - 1].rstrip("\r\n")
         gutter = str(d.line)
         pad = " " * len(gutter)
@@ -62,6 +62,7 @@ def as_json(results: Sequence[FileResult], diags: Sequence[Diagnostic]) -> str:
                 "end_location": {"line": d.end_line, "column": d.end_col},
                 "fix": None if d.fix is None else {"applicability": d.fix, "message": d.fix_description},
                 "url": doc_url(d.code),
+                **({"cell": d.cell} if d.cell is not None else {}),
             }
             for d in diags
         ],
@@ -165,11 +166,13 @@ def migrate_report(results: Sequence[FileResult], wrote: bool, out: TextIO) -> N
         else:
             out.write(f"{r.path}: not rewritten\n")
         # a dry run leaves the file as it is: positions are given in it, not in the rewritten text
-        where = original_line(r.original, r.fixed) if (r.changed and not wrote) else None
+        where = original_line(r.original, r.fixed) if (r.changed and not wrote and not r.path.endswith(".ipynb")) \
+            else None
         for d in r.diagnostics:
             why = "needs --unsafe-fixes: " if d.fix == "unsafe" else ""
             line, col = (d.line, d.col) if where is None else where(d.line, d.col)
-            out.write(f"  left for a person: {d.path}:{line}:{col}: {d.code} {why}{d.message}\n")
+            at = d.where if d.cell is not None else f"{d.path}:{line}:{col}"
+            out.write(f"  left for a person: {at}: {d.code} {why}{d.message}\n")
     if untouched:
         out.write(f"{untouched} file{'s' if untouched != 1 else ''} untouched.\n")
 
@@ -220,6 +223,8 @@ def as_sarif(results: Sequence[FileResult], diags: Sequence[Diagnostic]) -> str:
                                                    "region": region}}]}
         if d.fix:
             res["properties"] = {"fix": d.fix, "fixDescription": d.fix_description or ""}
+        if d.cell is not None:
+            res.setdefault("properties", {})["cell"] = d.cell
         out.append(res)
     doc = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
            "runs": [{"tool": {"driver": {"name": "ampfix", "version": __version__,
