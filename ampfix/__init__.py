@@ -2,6 +2,17 @@
 
 __version__ = "0.1.0"
 
+#: the Python API (ampfix/api.py), imported on first use so that `import ampfix` stays light
+_API = ("check", "check_code", "fix_code", "migrate")
+
+
+def __getattr__(name):
+    if name in _API:
+        from ampfix import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ampfix' has no attribute {name!r}")
+
 
 def _rules_from_a_checkout() -> None:
     """Installed, ``ampfix.rules`` is the package built from ``rules/``.  Run from a source

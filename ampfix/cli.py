@@ -111,7 +111,8 @@ def _run(kw, fix: Optional[str]):
         from ampfix.cache import Cache
 
         cache = Cache()
-    results = check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"], cache=cache)
+    results = check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"], cache=cache,
+                          progress=_progress() if not kw.get("quiet") else None)
     results += [error_result(path, why) for path, why in problems]
     # dependency and environment files: read after the code, whose (fixed) imports they follow
     rules = datafiles.file_rules(rules_by_code()[c] for c in selected)
@@ -122,6 +123,33 @@ def _run(kw, fix: Optional[str]):
         python = datafiles.python_texts(results, fixing=bool(fix))
         results += datafiles.check(others, lambda p: cfg.codes_for(p, selected), rules, python, paths, fix)
     return cfg, results
+
+
+def _progress():
+    """files done / total on stderr, when stderr is a terminal and the run takes a moment."""
+    import time
+
+    try:
+        if not sys.stderr.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    start = time.monotonic()
+    shown = [False]
+
+    def show(done: int, total: int) -> None:
+        if done >= total:
+            if shown[0]:
+                sys.stderr.write("\r\x1b[2K")
+                sys.stderr.flush()
+            return
+        if time.monotonic() - start < 0.5:
+            return
+        shown[0] = True
+        sys.stderr.write(f"\rampfix: {done}/{total} files")
+        sys.stderr.flush()
+
+    return show
 
 
 def _guard(kw, body):
@@ -229,7 +257,9 @@ def check(**kw):
             if diags:
                 out.write(statistics(diags) + "\n")
         else:
-            write_diagnostics(results, diags, kw["output_format"], out)
+            from ampfix.report import use_color
+
+            write_diagnostics(results, diags, kw["output_format"], out, color=use_color(sys.stdout))
         if kw["show_fixes"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):
             out.write(show_fixes(diags))
         if not kw["quiet"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):

@@ -461,7 +461,7 @@ def _work(args) -> FileResult:
 
 
 def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, fix: Optional[str] = None,
-                workers: Optional[int] = None, cache=None) -> List[FileResult]:
+                workers: Optional[int] = None, cache=None, progress=None) -> List[FileResult]:
     """Check each ``(path, rule codes)``; results come back in the order given.  Files that
     take part in a migration planned across modules are checked with that plan.  ``cache`` (an
     :class:`ampfix.cache.Cache`, for a check without fixes) keeps results across runs.
@@ -478,6 +478,32 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
         data, _err = _read(p)
         if data is not None:
             texts[p] = data
+    global _progress
+    _progress = _Progress(progress, len(jobs)) if progress else None
+    try:
+        return _check_paths(jobs, texts, settings, fix, planners, workers, cache)
+    finally:
+        if _progress is not None:
+            _progress.finish()
+        _progress = None
+
+
+class _Progress:
+    def __init__(self, show, total: int) -> None:
+        self.show, self.total, self.done = show, total, 0
+
+    def add(self, n: int) -> None:
+        self.done = min(self.total, self.done + n)
+        self.show(min(self.done, self.total - 1), self.total)
+
+    def finish(self) -> None:
+        self.show(self.total, self.total)
+
+
+_progress: Optional[_Progress] = None
+
+
+def _check_paths(jobs, texts, settings, fix, planners, workers, cache):
     if cache is not None and not fix:
         return _check_cached(jobs, texts, settings, planners, workers, cache)
     planned = {p for p, _ in jobs if planners and b"apex" in texts.get(p, b"") and not p.endswith(".ipynb")}
@@ -612,7 +638,11 @@ def _run_tasks(tasks, workers, more=None, also: int = 0):
 
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n <= 1 or len(tasks) + also < PARALLEL_THRESHOLD:
-        results = [_work(t) for t in tasks]
+        results = []
+        for t in tasks:
+            results.append(_work(t))
+            if _progress is not None:
+                _progress.add(1)
         if more is not None:
             results += _run_tasks(more(None), workers)
         return results
@@ -648,6 +678,8 @@ def _run_tasks(tasks, workers, more=None, also: int = 0):
             try:
                 for i, r in zip(chunk, fut.result()):
                     results[i] = r
+                if _progress is not None:
+                    _progress.add(len(chunk))
             except BrokenProcessPool:
                 broken.extend(chunk)
     for i in broken:  # the pool died: each of these alone, to find the file to blame

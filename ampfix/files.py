@@ -17,68 +17,19 @@ DEFAULT_EXCLUDES = (
 )
 
 
-def _glob_to_regex(pattern: str) -> str:
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
-            out.append("/.*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            j = pattern.find("]", i + 1)
-            if j == -1:
-                out.append(re.escape(c))
-                i += 1
-            else:
-                body = pattern[i + 1 : j].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = j + 1
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
-
-
 class GitIgnore:
-    """The patterns of one .gitignore file, relative to its folder."""
+    """The patterns of one .gitignore file (or ``.git/info/exclude``), relative to its folder,
+    matched with pathspec's implementation of git's wildmatch rules."""
 
     def __init__(self, base: Path, lines: Sequence[str]) -> None:
+        import pathspec
+
         self.base = base
-        self.rules: List[Tuple[re.Pattern, bool, bool]] = []  # regex, negate, dir_only
-        for raw in lines:
-            line = raw.rstrip("\n").rstrip()
-            if not line or line.startswith("#"):
-                continue
-            negate = line.startswith("!")
-            if negate:
-                line = line[1:]
-            if line.startswith("\\"):
-                line = line[1:]
-            dir_only = line.endswith("/")
-            line = line.rstrip("/")
-            anchored = "/" in line
-            line = line.lstrip("/")
-            rx = _glob_to_regex(line)
-            rx = ("^" if anchored else "^(?:.*/)?") + rx + "$"
-            self.rules.append((re.compile(rx), negate, dir_only))
+        self.spec = pathspec.GitIgnoreSpec.from_lines(lines)
 
     @classmethod
-    def load(cls, folder: Path) -> Optional["GitIgnore"]:
-        f = folder / ".gitignore"
+    def load(cls, folder: Path, name: str = ".gitignore") -> Optional["GitIgnore"]:
+        f = folder / name
         try:
             return cls(folder, f.read_text(encoding="utf-8", errors="replace").splitlines())
         except OSError:
@@ -90,13 +41,7 @@ class GitIgnore:
             rel = path.relative_to(self.base).as_posix()
         except ValueError:
             return None
-        verdict = None
-        for rx, negate, dir_only in self.rules:
-            if dir_only and not is_dir:
-                continue
-            if rx.match(rel):
-                verdict = not negate
-        return verdict
+        return self.spec.check_file(rel + "/" if is_dir else rel).include
 
 
 def _located(path: Path) -> Path:
@@ -174,6 +119,11 @@ def discover(
         if git_root is not None:
             # .gitignore files from the repository root down to the folder named
             chain = [git_root] + [d for d in reversed(p.resolve().parents) if git_root in d.parents] + [p.resolve()]
+            # the repository's own exclusions (.git/info/exclude) first: any .gitignore overrides them
+            info = GitIgnore.load(git_root / ".git" / "info", "exclude")
+            if info is not None:
+                info.base = git_root
+                ignores.append(info)
             for d in dict.fromkeys(chain):
                 gi = GitIgnore.load(d)
                 if gi:

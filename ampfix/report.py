@@ -23,8 +23,29 @@ def _mark(d: Diagnostic) -> str:
     return " [*]" if d.fix == "safe" else (" [unsafe fix]" if d.fix == "unsafe" else "")
 
 
-def concise(d: Diagnostic) -> str:
-    return f"{d.where}: {d.code}{_mark(d)} {d.message}"
+def use_color(stream) -> bool:
+    """Colour on a terminal; never in a pipe or file; NO_COLOR and FORCE_COLOR (no-color.org,
+    force-color.org) decide first."""
+    import os
+
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+BOLD, RED, CYAN, RESET = "\x1b[1m", "\x1b[31m", "\x1b[36m", "\x1b[0m"
+
+
+def concise(d: Diagnostic, color: bool = False) -> str:
+    if not color:
+        return f"{d.where}: {d.code}{_mark(d)} {d.message}"
+    mark = f" {CYAN}{_mark(d).strip()}{RESET}" if d.fix else ""
+    return f"{BOLD}{d.where}{RESET}: {BOLD}{RED}{d.code}{RESET}{mark} {d.message}"
 
 
 def full(d: Diagnostic, lines: List[str]) -> str:
@@ -268,7 +289,7 @@ def rules_markdown() -> str:
     return "\n".join(parts)
 
 
-def write_diagnostics(results, diags, fmt: str, out: TextIO) -> None:
+def write_diagnostics(results, diags, fmt: str, out: TextIO, color: bool = False) -> None:
     if fmt == "json":
         out.write(as_json(results, diags) + "\n")
         return
@@ -281,7 +302,7 @@ def write_diagnostics(results, diags, fmt: str, out: TextIO) -> None:
     sources: Dict[str, List[str]] = {}
     for d in diags:
         if fmt == "concise":
-            out.write(concise(d) + "\n")
+            out.write(concise(d, color) + "\n")
         elif fmt == "github":
             out.write(github(d) + "\n")
         else:

@@ -295,3 +295,17 @@ def test_check_fix_and_diff_are_migrate(tmp_path):
     fixed = CliRunner().invoke(main, ["check", "--fix", str(f)])
     assert fixed.exit_code == 0 and "device=" in f.read_text()
     assert CliRunner().invoke(main, ["check", "--fix", "--diff", str(f)]).exit_code == 2
+
+
+def test_gitignore_follows_git_wildmatch_and_info_exclude(in_tmp, write):
+    """Patterns git reads as git does (pathspec): `**`, character classes, a negation inside a
+    folder's pattern, an escaped '#'; and the repository's .git/info/exclude."""
+    (in_tmp / ".git" / "info").mkdir(parents=True)
+    write(".git/info/exclude", "scratch/\n")
+    write(".gitignore", "**/gen/**\nexp[0-9]*.py\n\\#tmp.py\nlogs/*\n!logs/keep.py\n")
+    for f in ("a/gen/b/x.py", "exp1_run.py", "#tmp.py", "logs/old.py", "scratch/try.py",
+              "logs/keep.py", "expX.py", "src/generator.py"):
+        write(f, BAD)
+    out = run("check", ".").output
+    checked = {line.split(":")[0] for line in out.splitlines() if "AMP30" in line}
+    assert checked == {"logs/keep.py", "expX.py", "src/generator.py"}, out
