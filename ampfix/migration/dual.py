@@ -98,11 +98,17 @@ class DualModule:
         torch.cuda.amp, a Native* wrapper class, or a "native" choice."""
         from ampfix.analysis import AUTOCAST, GRADSCALER
 
+        known = AUTOCAST | GRADSCALER
         for n in walk(self.m.tree, into_functions=True):
             if isinstance(n, (ast.Name, ast.Attribute)):
+                p = getattr(n, "_p", None)
+                if isinstance(p, ast.Attribute) and p.value is n:
+                    continue  # the whole chain is looked at once, at its outermost node
                 q = self.m.sem.qnames(n)
-                if q & (AUTOCAST | GRADSCALER) or any(x.startswith("torch.cuda.amp") or x.startswith("torch.amp")
-                                                       for x in q):
+                # the names of the chain's inner nodes are the prefixes of the outermost one's
+                if any(x.startswith("torch.cuda.amp") or x.startswith("torch.amp") for x in q) or any(
+                        ".".join(parts[:k]) in known for x in q for parts in [x.split(".")]
+                        for k in range(1, len(parts) + 1)):
                     return True
                 if "native" in ((dotted(n) or "").lower()) and "scaler" in (dotted(n) or "").lower():
                     return True
