@@ -7,7 +7,6 @@ a backslash continuation, cannot take a comment there: it is left as is and coun
 """
 from __future__ import annotations
 
-import ast
 import re
 from typing import Dict, Iterable, List, Set, Tuple
 
@@ -16,24 +15,14 @@ from ampfix.source import Source
 _NOQA_TEXT = re.compile(r"#\s*noqa(?::[\s]*[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)?", re.IGNORECASE)
 
 
-def _open_lines(tree: ast.AST) -> Set[int]:
-    """Lines whose end lies inside a string that goes on to the next line."""
-    out: Set[int] = set()
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.Constant, ast.JoinedStr)) and n.end_lineno > n.lineno and (
-                isinstance(n, ast.JoinedStr) or isinstance(n.value, (str, bytes))):
-            out.update(range(n.lineno, n.end_lineno))
-    return out
-
-
 def add_noqa(data: bytes, path: str, codes_by_line: Dict[int, Iterable[str]]) -> Tuple[bytes, int, List[int]]:
     """(new bytes, comments added or extended, lines that could not take one)."""
     from ampfix.engine import _comment_of, _string_line_ranges, parse_noqa
 
     src = Source(data, path)
     src.parse()
-    inside = _string_line_ranges(src)
-    open_lines = _open_lines(src.tree)
+    inside = _string_line_ranges(src)  # lines a multi-line string goes on to
+    open_lines = {line - 1 for line in inside}  # lines whose end lies inside such a string
     text = src.text
     edits: List[Tuple[int, int, str]] = []
     skipped: List[int] = []
