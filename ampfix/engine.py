@@ -516,7 +516,7 @@ def _check_paths(jobs, texts, settings, fix, planners, workers, cache):
         from ampfix.project import plan_projects
 
         plans.update(plan_projects([j for j in jobs if j[0] in planned], settings, planners, given=jobs,
-                                   runner=runner))
+                                   runner=runner, read=texts))
         late.extend(i for i, (p, _) in enumerate(jobs) if p in planned or p in plans)
         return [(jobs[i][0], jobs[i][1], settings, fix, plans.get(jobs[i][0])) for i in late]
 
@@ -588,7 +588,7 @@ def _check_cached(jobs, texts, settings, planners, workers, cache) -> List[FileR
         from ampfix.project import plan_projects
 
         if plans is None:
-            plans = plan_projects(planned, settings, planners, given=jobs, runner=runner)
+            plans = plan_projects(planned, settings, planners, given=jobs, runner=runner, read=texts)
             cache.put(plan_key, plans)
             # a file without apex that the plan covers (a caller that now passes the scaler) is
             # checked again, with its plan, under a key that names the plan

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -179,10 +180,15 @@ class Project:
     """Modules read together.  ``sources`` maps path -> Source (parsed or not)."""
 
     def __init__(self, sources: Dict[str, Source], settings, rules=(), root: Optional[Path] = None,
-                 load_more: bool = True, given: Iterable[str] = ()) -> None:
+                 load_more: bool = True, given: Iterable[str] = (), run_files: Iterable[str] = ()) -> None:
         self.settings = settings
         #: files named for this run (editable when loaded on demand): resolved path -> path as named
         self.given = {str(Path(p).resolve()): p for p in given}
+        #: every file of the run (resolved), when this project is one part of it
+        self.run_files: Set[str] = set(run_files) | set(self.given)
+        #: files of the run outside this part that its planning turned out to import: the part
+        #: is joined with theirs and planned again
+        self.foreign: Set[str] = set()
         self.rules = rules
         self.root = root
         self.load_more = load_more
@@ -273,6 +279,8 @@ class Project:
                     if known is not None:
                         self.by_name[name] = known
                         return known
+                    if real in self.run_files and real not in self.given:
+                        self.foreign.add(real)  # imported from another part of the run
                     try:
                         src = Source(cand.read_bytes(), key)
                     except (OSError, SourceError):
@@ -463,9 +471,10 @@ class Project:
         self._index_calls(name)
         return self._refs.get(id(f.node), [])
 
-    def mentioned_elsewhere(self, name: str) -> List[str]:
+    def mentioned_elsewhere(self, name: str, other_parts: bool = False) -> List[str]:
         """Python files under the project root, not read for this run, whose text holds ``name`` as
-        a word: where a function nothing given calls may be called from."""
+        a word: where a function nothing given calls may be called from.  The files of other parts
+        of the run count only with ``other_parts`` (they cannot call into this one)."""
         if self.root is None:
             return []
         if not hasattr(self, "_other_texts"):
@@ -481,7 +490,8 @@ class Project:
                     if not fn.endswith(".py"):
                         continue
                     path = os.path.join(dirpath, fn)
-                    if str(Path(path).resolve()) in loaded:
+                    real = str(Path(path).resolve())
+                    if real in loaded:
                         continue
                     count += 1
                     if count > 20000:
@@ -497,6 +507,8 @@ class Project:
         for p, t in self._other_texts.items():
             if not pat.search(t):
                 continue
+            if not other_parts and str(Path(p).resolve()) in self.run_files:
+                continue  # another part of the run: it does not import this one, so it cannot call it
             try:  # a comment or a string that names it is not a use
                 tree = ast.parse(t)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -526,6 +538,9 @@ class Project:
 
 
 # ------------------------------------------------------------------------------ planning a run
+PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
 def project_root(paths: Sequence[str]) -> Optional[Path]:
     """The folder a run's modules are imported from: the nearest ancestor of the files given that
     holds a pyproject.toml, setup.py, setup.cfg or .git; else their common folder."""
@@ -537,7 +552,7 @@ def project_root(paths: Sequence[str]) -> Optional[Path]:
     except ValueError:
         return None
     for d in [common, *common.parents]:
-        if any((d / marker).exists() for marker in ("pyproject.toml", "setup.py", "setup.cfg", ".git")):
+        if any((d / marker).exists() for marker in PROJECT_MARKERS):
             return d
     return common
 
@@ -551,32 +566,153 @@ def _ends_in(node, names) -> bool:
     return False
 
 
-def plan_projects(jobs, settings, planners, given=None, runner=None) -> Dict[str, object]:
+_DOTTED = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _dotted_names(data: bytes) -> Set[str]:
+    """Every dotted name in a text, its leading parts and each name alone."""
+    out: Set[str] = set()
+    for m in set(_DOTTED.findall(data)):
+        bits = m.decode("ascii").split(".")
+        out.update(bits)
+        out.update(".".join(bits[:k]) for k in range(2, len(bits) + 1))
+    return out
+
+
+def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "_Parts":
+    """The files of a run (resolved path -> bytes) joined wherever one may import another.
+
+    A name in a file's text joins it with a file whose path ends like the name when Python
+    could import it from there: under a folder above the first file (its folder, a package
+    root, the project root); or anywhere in the same project (an installed package, a src
+    layout, ``sys.path`` edits, a launcher's root).  More joins only make a part larger; the
+    planner also joins parts whose planning reads a file of another."""
+    parts = _Parts(texts)
+    top = str(root.resolve()) if root is not None else None
+    # dotted name -> (file, the folder it is imported from under that name)
+    tails: Dict[str, List[Tuple[str, str]]] = {}
+    for path in texts:
+        p = Path(path)
+        folders = list(p.parents)  # nearest first
+        bits = list(p.parent.parts[len(p.anchor) and 1:]) + ([] if p.stem == "__init__" else [p.stem])
+        for k in range(1, len(bits) + 1):
+            folder = folders[k - 1] if p.stem != "__init__" else folders[k]
+            tails.setdefault(".".join(bits[len(bits) - k:]), []).append((path, os.path.join(str(folder), "")))
+
+    # a root without a project marker holds several projects (a folder of checkouts): its
+    # top-level folders are told apart, and only Python's own lookup joins across them
+    marked = root is not None and any((root / m).exists() for m in PROJECT_MARKERS)
+
+    def one_project(a: str, b: str) -> bool:
+        if top is None or marked:
+            return True
+        common = os.path.commonpath([a, b])
+        return common != top and common.startswith(top + os.sep)
+
+    for path, data in texts.items():
+        # every name the text holds may be a module it imports (an import statement, relative
+        # ones too: their folder is above the file; an attribute chain `pkg.mod.f`; a name a
+        # `sys.path` trick makes importable): more joins only make a part larger
+        for name in _dotted_names(data):
+            for other, base in tails.get(name, ()):
+                if path.startswith(base) or one_project(path, other):
+                    parts.join(path, other)
+    return parts
+
+
+class _Parts:
+    """Union-find over the files of a run."""
+
+    def __init__(self, files) -> None:
+        self.up = {f: f for f in files}
+
+    def find(self, f: str) -> str:
+        while self.up[f] != f:
+            self.up[f] = self.up[self.up[f]]
+            f = self.up[f]
+        return f
+
+    def join(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.up[max(ra, rb)] = min(ra, rb)
+
+    def members(self, root: str) -> List[str]:
+        return sorted(f for f in self.up if self.find(f) == root)
+
+
+def plan_projects(jobs, settings, planners, given=None, runner=None, read=None) -> Dict[str, object]:
     """path -> its FilePlan, for the files that planners look at (those whose text names apex).
 
-    Files without apex are checked on their own; the others are read here, once, and planned
-    together (``given``: all the files of the run, where callers may be found), so that a migration spanning modules is decided as a whole.  Only the small
-    per-file plans travel to the worker processes."""
+    Files without apex are checked on their own.  The others are planned by parts: the files
+    of the run (``given``) joined by what may import what, each part that has an apex file
+    planned as a whole, one after the other, so that memory holds one part's trees at a time.
+    A part whose planning reads a file of another part is joined with it and planned again: a
+    migration spanning modules is always decided as a whole.  Only the small per-file plans
+    travel to the worker processes.  ``read``: the bytes of the files, where the caller has them."""
     from ampfix.engine import _read
 
     if not planners:
         return {}
+    given = list(jobs if given is None else given)  # every file of the run: callers may be there
+    named = {}
+    texts: Dict[str, bytes] = {}
+    for path, _ in given:
+        if not path.endswith(".py"):
+            continue
+        real = str(Path(path).resolve())
+        if real in named:
+            continue
+        data = (read or {}).get(path)
+        if data is None:
+            data, err = _read(path)
+            if data is None:
+                continue
+        named[real], texts[real] = path, data
+    apex = {str(Path(p).resolve()) for p, _ in jobs if b"apex" in texts.get(str(Path(p).resolve()), b"")}
+    if not apex:
+        return {}
+    root = project_root([p for p, _ in given])
+    parts = import_components(texts, root)
+    pending = sorted({parts.find(a) for a in apex})
+    done: Dict[str, Dict[str, object]] = {}
+    while pending:
+        top = pending.pop(0)
+        members = parts.members(top)
+        plans, read = _plan_part(members, apex, named, texts, settings, planners, root, runner)
+        outside = sorted(r for r in read if r in texts and parts.find(r) != top)
+        if outside:  # it needs files of other parts: those parts and this one are one
+            for r in outside:
+                parts.join(top, r)
+            top = parts.find(top)
+            done = {k: v for k, v in done.items() if parts.find(k) != top}
+            pending = [top] + [k for k in pending if parts.find(k) != top]
+            continue
+        done[top] = plans
+    out: Dict[str, object] = {}
+    for top in sorted(done):
+        for path, fp in done[top].items():
+            out[path] = fp if path not in out else out[path].merged(fp)
+    return out
+
+
+def _plan_part(members, apex, named, texts, settings, planners, root, runner):
+    """(plans, resolved paths of every module read) for one part of the run."""
     sources = {}
-    for path, codes in jobs:
-        data, err = _read(path)
-        if data is None or b"apex" not in data:
+    for real in members:
+        if real not in apex:
             continue
         try:
-            sources[path] = Source(data, path)
+            sources[named[real]] = Source(texts[real], named[real])
         except SourceError:
             continue
     if not sources:
-        return {}
-    given = list(jobs if given is None else given)  # every file of the run: callers may be there
-    project = Project(sources, settings, root=project_root([p for p, _ in given]), given=[p for p, _ in given])
+        return {}, set()
+    project = Project(sources, settings, root=root, given=[named[r] for r in members], run_files=texts)
     project.runner = runner
-    out: Dict[str, object] = {}
+    plans: Dict[str, object] = {}
     for planner in planners:
         for path, fp in planner(project).items():
-            out[path] = fp if path not in out else out[path].merged(fp)
-    return out
+            plans[path] = fp if path not in plans else plans[path].merged(fp)
+    read = {project._resolved_paths.get(p) or str(Path(p).resolve()) for p in project.modules}
+    return plans, read | project.foreign

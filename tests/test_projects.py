@@ -85,3 +85,84 @@ def test_old_apex_checkpoint_resumes_after_migration(tmp_path):
     assert "resumed at step 5" in out.stdout
     saved = torch.load(new)
     assert saved["step"] == 7 and "loss_scaler0" not in saved["amp"]
+
+
+def test_projects_side_by_side_plan_as_when_alone(tmp_path):
+    """A run over a folder of several projects (no project marker above them) plans each one
+    as a part of its own: the same goldens as when each is run alone."""
+    for name in sorted(ENTRIES):
+        shutil.copytree(PROJECTS / name / "before", tmp_path / name)
+    out = CliRunner().invoke(main, ["migrate", "--write", "--torch-version", "2.4", str(tmp_path)])
+    assert out.exit_code in (0, 1), out.output
+    for name in sorted(ENTRIES):
+        after = PROJECTS / name / "after"
+        for rel in tree(after):
+            assert (tmp_path / name / rel).read_text() == (after / rel).read_text(), (name, rel)
+
+
+def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatch):
+    """Defence in depth: should planning a part import a file of the run that the first split
+    put elsewhere, the project records it and the two parts are planned again as one."""
+    from ampfix.project import Project
+    from ampfix.settings import Settings
+    from ampfix.source import Source
+    import ampfix.project
+
+    shutil.copytree(PROJECTS / "launcher_engine" / "before", tmp_path / "p")
+    launcher = tmp_path / "p" / "tools" / "train_net.py"
+    trainer = (tmp_path / "p" / "engine" / "trainer.py").resolve()
+    project = Project({str(launcher): Source(launcher.read_bytes(), str(launcher))}, Settings(),
+                      root=tmp_path / "p", given=[str(launcher)], run_files={str(trainer)})
+    assert project.module_named("engine.trainer") is not None and project.foreign == {str(trainer)}
+
+
+    def split(texts, root=None):  # every file a part of its own
+        return ampfix.project._Parts(texts)
+
+    sizes = []
+    real_plan = ampfix.project._plan_part
+
+    def plan(members, *a):
+        plans, read = real_plan(members, *a)
+        sizes.append(len(members))
+        if len(members) == 1 and members[0].endswith("train_net.py"):
+            read = read | {str(trainer)}  # as if planning it had imported the engine
+        return plans, read
+
+    monkeypatch.setattr(ampfix.project, "import_components", split)
+    monkeypatch.setattr(ampfix.project, "_plan_part", plan)
+    jobs = [(str(f), ()) for f in sorted((tmp_path / "p").rglob("*.py"))]
+    from ampfix.plan import planners_of
+    from ampfix.registry import rules_by_code
+
+    ampfix.project.plan_projects(jobs, Settings(), planners_of(rules_by_code().values()))
+    assert 2 in sizes  # the launcher and the trainer, planned together after the first try
+
+
+def test_import_graph_follows_python_lookup(tmp_path):
+    """Files join where Python could import one from the other; a folder of several projects
+    (no marker above them) keeps them apart even where module names repeat."""
+    from ampfix.project import import_components
+
+    files = {
+        "a/train.py": b"from engine.loop \\\n    import run\nimport utils\n",
+        "a/engine/loop.py": b"from . import helpers\n",
+        "a/engine/helpers.py": b"x = 1\n",
+        "a/utils.py": b"y = 2\n",
+        "b/train.py": b"import utils\nfrom loop import run\n",  # b's own utils; no loop.py above b
+        "b/utils.py": b"z = 3\n",
+        "c/scripts/run.py": b"from mylib.core import go\n",  # a src layout
+        "c/src/mylib/core.py": b"def go(): pass\n",
+        "c/src/mylib/__init__.py": b"",
+    }
+    texts = {}
+    for rel, data in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        texts[str(p.resolve())] = data
+    parts = import_components(texts, tmp_path)
+    part = {rel: parts.find(str((tmp_path / rel).resolve())) for rel in files}
+    assert part["a/train.py"] == part["a/engine/loop.py"] == part["a/engine/helpers.py"] == part["a/utils.py"]
+    assert part["b/train.py"] == part["b/utils.py"] != part["a/train.py"]
+    assert part["c/scripts/run.py"] == part["c/src/mylib/core.py"] != part["a/train.py"]

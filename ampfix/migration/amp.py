@@ -268,7 +268,8 @@ class AmpPlanner:
         if not uses:
             return []
         seeds = [Seed(u, i) for i, u in enumerate(x for x in uses if x.kind in ("initialize", "init"))]
-        if not seeds and not self.p.mentioned_elsewhere("initialize") and not self.p.mentioned_elsewhere("init"):
+        if not seeds and not self.p.mentioned_elsewhere("initialize", other_parts=True) and \
+                not self.p.mentioned_elsewhere("init", other_parts=True):
             # nothing initializes apex anywhere: its scale_loss and master_params raise
             self.p.uninitialized = {}
             for u in uses:
