@@ -286,6 +286,9 @@ def _add_noqa(kw) -> int:
             if d.code not in ("AMP000", "AMP001") and d.path == r.path and r.path.endswith((".py", ".pyi")):
                 lines.setdefault(d.line, set()).add(d.code)
         if not lines:
+            if r.path.endswith(".ipynb") and r.diagnostics:
+                click.echo(f"{r.path}: no noqa added: notebooks are not edited by --add-noqa (add the comments in "
+                           "the cells)", err=True)
             continue
         try:
             with open(r.path, "rb") as fh:

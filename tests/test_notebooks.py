@@ -115,3 +115,11 @@ def test_a_layout_ampfix_cannot_reproduce_is_not_written(tmp_path):
     f.write_text(text)
     r = run("migrate", "--write", f)
     assert r.exit_code == 2 and "layout" in r.output and f.read_text() == text
+
+
+def test_add_noqa_leaves_notebooks_and_says_so(tmp_path):
+    f = tmp_path / "train.ipynb"
+    text = notebook(CELLS)
+    f.write_text(text)
+    r = run("check", "--add-noqa", f)
+    assert r.exit_code == 0 and f.read_text() == text and "notebooks are not edited by --add-noqa" in r.stderr
