@@ -478,14 +478,12 @@ def check_paths(jobs: Iterable[Tuple[str, Sequence[str]]], settings: Settings, f
         data, _err = _read(p)
         if data is not None:
             texts[p] = data
-    global _progress
-    _progress = _Progress(progress, len(jobs)) if progress else None
+    shown = _Progress(progress, len(jobs)) if progress else None
     try:
-        return _check_paths(jobs, texts, settings, fix, planners, workers, cache)
+        return _check_paths(jobs, texts, settings, fix, planners, workers, cache, shown)
     finally:
-        if _progress is not None:
-            _progress.finish()
-        _progress = None
+        if shown is not None:
+            shown.finish()
 
 
 class _Progress:
@@ -500,12 +498,10 @@ class _Progress:
         self.show(self.total, self.total)
 
 
-_progress: Optional[_Progress] = None
 
-
-def _check_paths(jobs, texts, settings, fix, planners, workers, cache):
+def _check_paths(jobs, texts, settings, fix, planners, workers, cache, progress):
     if cache is not None and not fix:
-        return _check_cached(jobs, texts, settings, planners, workers, cache)
+        return _check_cached(jobs, texts, settings, planners, workers, cache, progress)
     planned = {p for p, _ in jobs if planners and b"apex" in texts.get(p, b"") and not p.endswith(".ipynb")}
     plans: dict = {}
     late: List[int] = []
@@ -522,7 +518,7 @@ def _check_paths(jobs, texts, settings, fix, planners, workers, cache):
 
     early = [i for i, (p, _) in enumerate(jobs) if p not in planned]
     got = _run_tasks([(jobs[i][0], jobs[i][1], settings, fix, None) for i in early], workers,
-                     planned_tasks if planned else None, also=len(planned))
+                     planned_tasks if planned else None, also=len(planned), progress=progress)
     results: List[Optional[FileResult]] = [None] * len(jobs)
     for i, r in zip(early + late, got):
         results[i] = r
@@ -545,7 +541,7 @@ def _check_paths(jobs, texts, settings, fix, planners, workers, cache):
     return results
 
 
-def _check_cached(jobs, texts, settings, planners, workers, cache) -> List[FileResult]:
+def _check_cached(jobs, texts, settings, planners, workers, cache, progress=None) -> List[FileResult]:
     """check_paths through the result cache: every file is read once, its digest keys its
     entry.  When planners look at some files, the plan is keyed on every file of the run (a
     caller may be anywhere), and the entries of the files it covers on the plan's key; the
@@ -600,7 +596,8 @@ def _check_cached(jobs, texts, settings, planners, workers, cache) -> List[FileR
         return [(jobs[i][0], jobs[i][1], settings, None, plans.get(jobs[i][0])) for i in later]
 
     fresh = _run_tasks([(jobs[i][0], jobs[i][1], settings, None, None) for i in first], workers,
-                       planned_tasks if (later or (planned and plans is None)) else None, also=len(later))
+                       planned_tasks if (later or (planned and plans is None)) else None, also=len(later),
+                       progress=progress)
     redone = set(later)
     for n, (i, r) in enumerate(zip(first + later, fresh)):
         if n < len(first) and i in redone:
@@ -625,13 +622,14 @@ def _without_groups(plan, groups):
                     plan.flags)
 
 
-def _run_tasks(tasks, workers, more=None, also: int = 0):
+def _run_tasks(tasks, workers, more=None, also: int = 0, progress=None):
     """Run the tasks, in worker processes when there are enough; ``more(runner)`` is called
     here once they are under way (``runner(fn, items)`` maps over the same workers), and the
     tasks it returns run after them: results come back for ``tasks + more()``, in that order.
     A worker that dies (a crash in the interpreter) costs only the file it was checking: the
     others are re-run in a new pool, and the file that brings a pool down alone gets an error
-    result.  ``also``: how many tasks ``more`` is expected to bring (whether a pool pays)."""
+    result.  ``also``: how many tasks ``more`` is expected to bring (whether a pool pays);
+    ``progress``: told how many files are done."""
     import os
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -641,10 +639,10 @@ def _run_tasks(tasks, workers, more=None, also: int = 0):
         results = []
         for t in tasks:
             results.append(_work(t))
-            if _progress is not None:
-                _progress.add(1)
+            if progress is not None:
+                progress.add(1)
         if more is not None:
-            results += _run_tasks(more(None), workers)
+            results += _run_tasks(more(None), workers, progress=progress)
         return results
     every = list(tasks)
     futures = []
@@ -678,8 +676,8 @@ def _run_tasks(tasks, workers, more=None, also: int = 0):
             try:
                 for i, r in zip(chunk, fut.result()):
                     results[i] = r
-                if _progress is not None:
-                    _progress.add(len(chunk))
+                if progress is not None:
+                    progress.add(len(chunk))
             except BrokenProcessPool:
                 broken.extend(chunk)
     for i in broken:  # the pool died: each of these alone, to find the file to blame

@@ -35,7 +35,8 @@ def test_warm_run_reads_the_cache_and_says_the_same(tmp_path, monkeypatch):
     real = ampfix.engine._run_tasks
     planned = []
     monkeypatch.setattr(ampfix.engine, "_run_tasks",
-                        lambda tasks, w, more=None, also=0: calls.append((len(tasks), more)) or real(tasks, w, more, also))
+                        lambda tasks, w, more=None, also=0, progress=None: calls.append((len(tasks), more))
+                        or real(tasks, w, more, also, progress))
     import ampfix.project
 
     monkeypatch.setattr(ampfix.project, "plan_projects", lambda *a, **k: planned.append(1))
