@@ -36,8 +36,7 @@ class Cell:
     source: str  # as in the notebook
     as_list: bool  # source stored as a list of lines
     text: str = ""  # the Python ampfix sees (magics replaced)
-    first_line: int = 0  # line of the module where this cell's code starts (after its marker)
-    lines: int = 0
+    new_source: Optional[str] = None  # after a fix
 
 
 @dataclass
@@ -49,6 +48,53 @@ class Notebook:
     holes: Dict[int, str] = field(default_factory=dict)  # placeholder number -> the IPython line
     module: str = ""
     layout: Optional[dict] = None
+
+
+class _Scan:
+    """Where a cell's lines stand: IPython reads ``%``/``!`` as a magic only at the start of a
+    statement, not inside brackets, a string or a continued line (``(a\n % b)`` is Python)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote: Optional[str] = None  # an open triple-quoted string
+        self.continued = False
+
+    def at_statement(self) -> bool:
+        return self.depth == 0 and self.quote is None and not self.continued
+
+    def feed(self, line: str) -> None:
+        i, n = 0, len(line)
+        while i < n:
+            c = line[i]
+            if self.quote is not None:
+                if c == "\\":
+                    i += 2
+                    continue
+                if line.startswith(self.quote, i):
+                    i += len(self.quote)
+                    self.quote = None
+                    continue
+                i += 1
+                continue
+            if c == "#":
+                break
+            if c in "([{":
+                self.depth += 1
+            elif c in ")]}":
+                self.depth = max(0, self.depth - 1)
+            elif c in "'\"":
+                q = line[i:i + 3] if line[i:i + 3] in ("'''", '"""') else c
+                if len(q) == 3:
+                    self.quote = q
+                    i += 3
+                    continue
+                j = i + 1  # a one-line string: skip to its end
+                while j < n and line[j] != c:
+                    j += 2 if line[j] == "\\" else 1
+                i = j + 1
+                continue
+            i += 1
+        self.continued = self.quote is None and line.rstrip().endswith("\\") and not line.lstrip().startswith("#")
 
 
 def _source_text(src) -> Tuple[str, bool]:
@@ -68,6 +114,9 @@ def read(data: bytes, path: str) -> Notebook:
         nb = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise NotebookError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if isinstance(nb, dict) and isinstance(nb.get("nbformat"), int) and nb["nbformat"] < 4:
+        raise NotebookError(f"nbformat {nb['nbformat']} (before Jupyter 4): convert it first with "
+                            "'jupyter nbconvert --to notebook --nbformat 4'")
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise NotebookError("not a Jupyter notebook (no list of cells)")
     lang = ((nb.get("metadata") or {}).get("language_info") or {}).get("name") or \
@@ -76,7 +125,6 @@ def read(data: bytes, path: str) -> Notebook:
     if str(lang).lower() != "python":
         return book  # another kernel's language: nothing for ampfix
     parts: List[str] = []
-    line = 1
     for i, c in enumerate(nb["cells"]):
         if not isinstance(c, dict) or c.get("cell_type") != "code":
             continue
@@ -86,9 +134,12 @@ def read(data: bytes, path: str) -> Notebook:
         if first.startswith("%%") and first[2:].split(" ", 1)[0].strip() not in PYTHON_CELL_MAGICS:
             continue  # another language in this cell
         out = []
+        state = _Scan()
         for text in source.split("\n"):
-            m = _MAGIC.match(text)
-            if m or text.lstrip().startswith("%%"):
+            m = _MAGIC.match(text) if state.at_statement() else None
+            if not m:
+                state.feed(text)
+            if m or (state.at_statement() and text.lstrip().startswith("%%")):
                 n = len(book.holes)
                 book.holes[n] = text
                 indent = m.group(1) if m else ""
@@ -97,12 +148,7 @@ def read(data: bytes, path: str) -> Notebook:
                 out.append(text)
         cell.text = "\n".join(out)
         parts.append(f"# %% [cell {i + 1}]\n")
-        line += 1
-        cell.first_line = line
-        body = cell.text if cell.text.endswith("\n") or not cell.text else cell.text + "\n"
-        cell.lines = body.count("\n")
-        parts.append(body)
-        line += cell.lines
+        parts.append(cell.text if cell.text.endswith("\n") or not cell.text else cell.text + "\n")
         book.cells.append(cell)
     book.module = "".join(parts)
     return book
@@ -146,31 +192,27 @@ def _layout(book: Notebook) -> dict:
 
 def write_back(book: Notebook, fixed_module: str) -> bytes:
     """The notebook with the fixed module's cells in place of the old ones."""
-    chunks: Dict[int, List[str]] = {}
-    current = None
-    for text in fixed_module.split("\n"):
-        m = MARKER.match(text)
-        if m:
-            current = int(m.group(1)) - 1
-            if current in chunks:
-                raise NotebookError("a fix duplicated a cell marker; not written")
-            chunks[current] = []
-            continue
-        if current is None:
-            if text.strip():
-                raise NotebookError("a fix put code before the first cell; not written")
-            continue
-        chunks[current].append(text)
+    if not book.cells and not fixed_module.strip():
+        return book.raw.encode("utf-8")
+    marks = list(re.finditer(r"^# %% \[cell (\d+)\]\n", fixed_module, re.M))
+    if not marks or fixed_module[:marks[0].start()].strip():
+        raise NotebookError("a fix put code before the first cell; not written")
+    chunks: Dict[int, str] = {}
+    for m, nxt in zip(marks, marks[1:] + [None]):
+        index = int(m.group(1)) - 1
+        if index in chunks:
+            raise NotebookError("a fix duplicated a cell marker; not written")
+        chunks[index] = fixed_module[m.end():nxt.start() if nxt is not None else len(fixed_module)]
     if sorted(chunks) != sorted(c.index for c in book.cells):
         raise NotebookError("a fix moved or removed a cell marker; not written")
     used = set()
     for c in book.cells:
-        lines = chunks[c.index]
-        if lines and lines[-1] == "" and (len(lines) > 1 or not c.text):
-            lines = lines[:-1]  # the newline the joining added
+        text = chunks[c.index]
+        if c.text and not c.text.endswith("\n") and text.endswith("\n"):
+            text = text[:-1]  # the newline the joining added
         restored = []
-        for text in lines:
-            m = _HOLE.match(text)
+        for line in text.split("\n"):
+            m = _HOLE.match(line)
             if m:
                 n = int(m.group(2))
                 if n not in book.holes or n in used:
@@ -178,24 +220,18 @@ def write_back(book: Notebook, fixed_module: str) -> bytes:
                 used.add(n)
                 restored.append(book.holes[n])
             else:
-                restored.append(text)
-        new = "\n".join(restored)
-        if c.source.endswith("\n") and not new.endswith("\n"):
-            new += "\n"
-        if not c.source.endswith("\n") and new.endswith("\n") and c.text and not c.text.endswith("\n"):
-            new = new[:-1]
-        c.new_source = new  # type: ignore[attr-defined]
-    if used != {n for n in book.holes if any(str(n) == m.group(2) for c in book.cells
-                                             for m in [_HOLE.match(t) for t in c.text.split("\n")] if m)}:
+                restored.append(line)
+        c.new_source = "\n".join(restored)
+    if used != set(book.holes):
         raise NotebookError("a fix removed an IPython line; not written")
     layout = _layout(book)
     for c in book.cells:
-        new = c.new_source  # type: ignore[attr-defined]
+        new = c.new_source
         if new == c.source:
             continue
-        if c.as_list:
-            parts = new.splitlines(keepends=True)
-            book.nb["cells"][c.index]["source"] = parts
+        if c.as_list:  # as Jupyter stores it: split after each "\n" only
+            bits = new.split("\n")
+            book.nb["cells"][c.index]["source"] = [b + "\n" for b in bits[:-1]] + ([bits[-1]] if bits[-1] else [])
         else:
             book.nb["cells"][c.index]["source"] = new
     newline = layout.pop("newline")

@@ -123,3 +123,60 @@ def test_add_noqa_leaves_notebooks_and_says_so(tmp_path):
     f.write_text(text)
     r = run("check", "--add-noqa", f)
     assert r.exit_code == 0 and f.read_text() == text and "notebooks are not edited by --add-noqa" in r.stderr
+
+
+def test_old_and_odd_notebooks_are_one_clear_line_each(tmp_path):
+    v3 = tmp_path / "v3.ipynb"
+    v3.write_text(json.dumps({"metadata": {}, "nbformat": 3, "nbformat_minor": 0,
+                              "worksheets": [{"cells": [{"cell_type": "code", "input": ["x = 1\n"]}]}]}))
+    empty = tmp_path / "empty.ipynb"
+    empty.write_text(notebook([]))
+    syntax = tmp_path / "syntax.ipynb"
+    syntax.write_text(notebook([code("import torch\n"), code("def f(:\n", "    pass\n", count=2)]))
+    r = run("check", "--no-cache", v3, empty, syntax)
+    assert f"{v3}:1:1: AMP000 cannot read the notebook: nbformat 3 (before Jupyter 4): convert it first" in r.output
+    assert f"{syntax}:cell 2:1:7: AMP000" in r.output and "empty.ipynb" not in r.output
+
+
+def test_unchanged_module_writes_back_the_same_bytes():
+    """Reading a notebook and writing back its module unchanged gives the file byte for byte,
+    whatever the cells hold (magics, shell lines, blank lines, no final newline, source as a
+    string or a list, other languages' cells, non-ASCII)."""
+    from hypothesis import given, settings, strategies as st
+
+    from ampfix import notebook as nbm
+
+    line = st.sampled_from(["import torch", "x = 1", "    y = x", "%matplotlib inline", "!pip install -q x",
+                            "files = !ls", "", "# é comment", "for i in range(2):", "    pass", "%%time",
+                            "print('ü')", "y = (1", "    % 2)", "s = '" + "''", "!text in a string", "''" + "'"])
+    cell = st.tuples(st.lists(line, max_size=6), st.booleans(), st.booleans(), st.sampled_from(["code", "markdown"]))
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(cell, max_size=5), st.booleans())
+    def check(cells, ascii_):
+        out = []
+        for i, (lines, as_list, final_nl, kind) in enumerate(cells):
+            text = "\n".join(lines) + ("\n" if final_nl and lines else "")
+            src = text.splitlines(keepends=True) if as_list else text
+            c = {"cell_type": kind, "metadata": {}, "source": src}
+            if kind == "code":
+                c.update(execution_count=i, outputs=[])
+            out.append(c)
+        raw = json.dumps({"cells": out, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, sort_keys=True,
+                         indent=1, ensure_ascii=ascii_) + "\n"
+        book = nbm.read(raw.encode("utf-8"), "t.ipynb")
+        assert nbm.write_back(book, book.module) == raw.encode("utf-8")
+
+    check()
+
+
+def test_percent_and_bang_inside_an_expression_are_python(tmp_path):
+    """`%` starting a continuation line is the modulo operator, and a `!ls` inside a string is
+    text: only a statement's start is an IPython line."""
+    f = tmp_path / "mod.ipynb"
+    f.write_text(notebook([code("import torch\n", "y = (10\n", "     % 3)\n", "doc = '''\n", "!not a shell line\n",
+                                "'''\n", "z = 7 \\\n", "    % 2\n", "x = torch.zeros(3).cuda()\n")]))
+    r = run("check", "--no-cache", f)
+    assert "AMP000" not in r.output and f"{f}:cell 1:9:5: AMP302" in r.output
+    assert run("migrate", "--write", f).exit_code == 0
+    assert "     % 3)\n" in json.loads(f.read_text())["cells"][0]["source"]
