@@ -543,68 +543,93 @@ def _check_paths(jobs, texts, settings, fix, planners, workers, cache, progress)
 
 def _check_cached(jobs, texts, settings, planners, workers, cache, progress=None) -> List[FileResult]:
     """check_paths through the result cache: every file is read once, its digest keys its
-    entry.  When planners look at some files, the plan is keyed on every file of the run (a
-    caller may be anywhere), and the entries of the files it covers on the plan's key; the
-    project is planned only when one of them is not in the cache."""
+    entry.  A file of a part of the run that the planner looks at (see
+    :func:`ampfix.project.plan_projects`) is keyed on its part's plan too, and that plan on the
+    part's files (and, where the plan asked a project-wide question, on the other parts that
+    name it): an edit re-plans the part it is in, not the whole run."""
     import hashlib
+
+    from ampfix.project import part_keys
 
     digests = {p: hashlib.sha256(data).hexdigest() for p, data in texts.items()}
     planned = [(p, codes) for p, codes in jobs
                if planners and b"apex" in texts.get(p, b"") and not p.endswith(".ipynb")]
-    names_apex = {p for p, _ in planned}
-    plan_key = None
-    plans = {}
-    if planned:
-        plan_key = cache.key("plan", settings, sorted((p, c, digests.get(p)) for p, c in jobs))
-        plans = cache.get(plan_key)  # None: to be planned
+    part_of: Dict[str, str] = {}  # path -> its part's key
+    outside: Dict[str, str] = {}  # part key -> the signature of the other parts' text it may read
+    if planned:  # the parts of an unchanged run are read back, not worked out again
+        run_key = cache.key("parts", settings, sorted((p, tuple(c), digests.get(p)) for p, c in jobs))
+        got = cache.get(run_key)
+        if got is None:
+            got = part_keys(jobs, texts, digests, planned, lambda *a: cache.key("part", settings, *a))
+            cache.put(run_key, got)
+        part_of, outside = got
+    entries: Dict[str, Optional[dict]] = {}
+
+    def plan_id(part: str) -> Optional[str]:
+        """What the part's files are keyed on: its plan as cached, if that plan still holds."""
+        if part not in entries:
+            entries[part] = cache.get(part)
+        e = entries[part]
+        if e is None or (e["outside"] is not None and e["outside"] != outside[part]):
+            return None
+        return part if e["outside"] is None else cache.key("plan", part, e["outside"])
 
     def key(i):
         p, codes = jobs[i]
-        in_plan = p in names_apex or (plans is not None and p in plans)
-        return cache.key("file", settings, codes, p, digests[p], plan_key if in_plan else None)
+        pid = plan_id(part_of[p]) if p in part_of else None
+        if p in part_of and pid is None:
+            return None  # its part is to be planned first
+        return cache.key("file", settings, codes, p, digests[p], pid)
 
     results: List[Optional[FileResult]] = [None] * len(jobs)
-    keys = {}
+    keys: Dict[int, str] = {}
     todo = []
     for i, (p, codes) in enumerate(jobs):
-        if p not in digests:  # unreadable: checked (and reported) without the cache
-            todo.append(i)
-            continue
-        keys[i] = key(i)
-        hit = cache.get(keys[i])
+        k = key(i) if p in digests else None  # unreadable: checked (and reported) without the cache
+        hit = cache.get(k) if k is not None else None
+        if k is not None:
+            keys[i] = k
         if hit is None:
             todo.append(i)
         else:
             results[i] = hit
-    first = [i for i in todo if jobs[i][0] not in names_apex]
-    later = [i for i in todo if jobs[i][0] in names_apex]
+    first = [i for i in todo if jobs[i][0] not in part_of]
+    later = [i for i in todo if jobs[i][0] in part_of]
+    plans: Dict[str, object] = {}
+    unkept: set = set()  # files of parts joined while planning: their plans are not cached
 
     def planned_tasks(runner=None):
-        nonlocal plans
         from ampfix.project import plan_projects
 
-        if plans is None:
-            plans = plan_projects(planned, settings, planners, given=jobs, runner=runner, read=texts)
-            cache.put(plan_key, plans)
-            # a file without apex that the plan covers (a caller that now passes the scaler) is
-            # checked again, with its plan, under a key that names the plan
-            for i, (p, _) in enumerate(jobs):
-                if p in plans and p not in names_apex and p in digests:
-                    keys[i] = key(i)
-                    if i not in later:
-                        later.append(i)
+        stale = sorted({part_of[jobs[i][0]] for i in later if plan_id(part_of[jobs[i][0]]) is None})
+        for i in later:
+            e = entries.get(part_of[jobs[i][0]])
+            if plan_id(part_of[jobs[i][0]]) is not None:
+                plans.update(e["plans"])
+        if stale:
+            report: list = []
+            asked = [(p, c) for p, c in planned if part_of[p] in stale]
+            plans.update(plan_projects(asked, settings, planners, given=jobs, runner=runner, read=texts,
+                                       report=report))
+            for files, part_plans, other in report:
+                parts = {part_of.get(f) for f in files}
+                if len(parts) != 1 or None in parts or {f for f in part_of if part_of[f] in parts} != set(files):
+                    unkept.update(files)  # a part joined with another while planning
+                    continue
+                part = parts.pop()
+                entries[part] = {"outside": outside[part] if other else None, "plans": part_plans}
+                cache.put(part, entries[part])
+                for i, (p, _) in enumerate(jobs):
+                    if part_of.get(p) == part:
+                        keys[i] = key(i)
         return [(jobs[i][0], jobs[i][1], settings, None, plans.get(jobs[i][0])) for i in later]
 
     fresh = _run_tasks([(jobs[i][0], jobs[i][1], settings, None, None) for i in first], workers,
-                       planned_tasks if (later or (planned and plans is None)) else None, also=len(later),
-                       progress=progress)
-    redone = set(later)
-    for n, (i, r) in enumerate(zip(first + later, fresh)):
-        if n < len(first) and i in redone:
-            continue  # checked again with its plan
+                       planned_tasks if later else None, also=len(later), progress=progress)
+    for i, r in zip(first + later, fresh):
         results[i] = r
-        # what the file's bytes decide is kept; a read error or a crash is not
-        if i in keys and r.digest == digests[jobs[i][0]] and not r.error:
+        # what the file's bytes decide is kept; a read error, a crash or a joined part's plan is not
+        if keys.get(i) and r.digest == digests[jobs[i][0]] and not r.error and jobs[i][0] not in unkept:
             cache.put(keys[i], r)
     return results
 

@@ -189,6 +189,7 @@ class Project:
         #: files of the run outside this part that its planning turned out to import: the part
         #: is joined with theirs and planned again
         self.foreign: Set[str] = set()
+        self.asked_other_parts = False
         self.rules = rules
         self.root = root
         self.load_more = load_more
@@ -503,6 +504,8 @@ class Project:
                         continue
             self._word = re
         pat = self._word.compile(rb"(?<![A-Za-z0-9_])" + self._word.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
+        if other_parts:
+            self.asked_other_parts = True  # the plan depends on the other parts' text too
         out = []
         for p, t in self._other_texts.items():
             if not pat.search(t):
@@ -641,7 +644,40 @@ class _Parts:
         return sorted(f for f in self.up if self.find(f) == root)
 
 
-def plan_projects(jobs, settings, planners, given=None, runner=None, read=None) -> Dict[str, object]:
+_NAMES_INIT = re.compile(rb"(?<![A-Za-z0-9_])(?:initialize|init)(?![A-Za-z0-9_])")
+
+
+def part_keys(jobs, texts, digests, planned, key):
+    """For the result cache: (path -> the key of its part's plan, for every file of a part that
+    holds a planned file; part key -> a signature of the other parts' files that name
+    ``initialize`` or ``init``, which a plan may read: is apex initialized anywhere)."""
+    import hashlib
+
+    named: Dict[str, str] = {}
+    rtexts: Dict[str, bytes] = {}
+    for p, _ in jobs:
+        if not p.endswith(".py") or p not in texts:
+            continue
+        r = str(Path(p).resolve())
+        if r not in named:
+            named[r], rtexts[r] = p, texts[p]
+    parts = import_components(rtexts, project_root([p for p, _ in jobs]))
+    codes = dict(jobs)
+    tops = sorted({parts.find(r) for r in (str(Path(p).resolve()) for p, _ in planned) if r in rtexts})
+    naming = sorted(r for r, data in rtexts.items() if _NAMES_INIT.search(data))
+    part_of: Dict[str, str] = {}
+    outside: Dict[str, str] = {}
+    for top in tops:
+        members = parts.members(top)
+        k = key(sorted((named[m], tuple(codes[named[m]]), digests[named[m]]) for m in members))
+        others = [(named[r], digests[named[r]]) for r in naming if parts.find(r) != top]
+        outside[k] = hashlib.sha256(repr(others).encode("utf-8", "surrogatepass")).hexdigest()
+        for m in members:
+            part_of[named[m]] = k
+    return part_of, outside
+
+
+def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, report=None) -> Dict[str, object]:
     """path -> its FilePlan, for the files that planners look at (those whose text names apex).
 
     Files without apex are checked on their own.  The others are planned by parts: the files
@@ -649,7 +685,10 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None) 
     planned as a whole, one after the other, so that memory holds one part's trees at a time.
     A part whose planning reads a file of another part is joined with it and planned again: a
     migration spanning modules is always decided as a whole.  Only the small per-file plans
-    travel to the worker processes.  ``read``: the bytes of the files, where the caller has them."""
+    travel to the worker processes.  ``read``: the bytes of the files, where the caller has them.
+    ``report`` (a list) receives, for each part planned, (its files as given, its plans, whether
+    they depend on the text of other parts: a project-wide question such as "is apex
+    initialized anywhere")."""
     from ampfix.engine import _read
 
     if not planners:
@@ -669,17 +708,19 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None) 
             if data is None:
                 continue
         named[real], texts[real] = path, data
-    apex = {str(Path(p).resolve()) for p, _ in jobs if b"apex" in texts.get(str(Path(p).resolve()), b"")}
-    if not apex:
+    asked = {str(Path(p).resolve()) for p, _ in jobs if b"apex" in texts.get(str(Path(p).resolve()), b"")}
+    if not asked:
         return {}
+    # the apex files of every part (a part joined with one asked for brings its own)
+    apex = asked | {r for r, data in texts.items() if b"apex" in data}
     root = project_root([p for p, _ in given])
     parts = import_components(texts, root)
-    pending = sorted({parts.find(a) for a in apex})
+    pending = sorted({parts.find(a) for a in asked})
     done: Dict[str, Dict[str, object]] = {}
     while pending:
         top = pending.pop(0)
         members = parts.members(top)
-        plans, read = _plan_part(members, apex, named, texts, settings, planners, root, runner)
+        plans, read, other = _plan_part(members, apex, named, texts, settings, planners, root, runner)
         outside = sorted(r for r in read if r in texts and parts.find(r) != top)
         if outside:  # it needs files of other parts: those parts and this one are one
             for r in outside:
@@ -689,6 +730,9 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None) 
             pending = [top] + [k for k in pending if parts.find(k) != top]
             continue
         done[top] = plans
+        if report is not None:
+            report[:] = [r for r in report if parts.find(str(Path(r[0][0]).resolve())) != top]
+            report.append(([named[m] for m in members], plans, other))
     out: Dict[str, object] = {}
     for top in sorted(done):
         for path, fp in done[top].items():
@@ -697,7 +741,8 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None) 
 
 
 def _plan_part(members, apex, named, texts, settings, planners, root, runner):
-    """(plans, resolved paths of every module read) for one part of the run."""
+    """(plans, resolved paths of every module read, whether the plans depend on other parts)
+    for one part of the run."""
     sources = {}
     for real in members:
         if real not in apex:
@@ -707,7 +752,7 @@ def _plan_part(members, apex, named, texts, settings, planners, root, runner):
         except SourceError:
             continue
     if not sources:
-        return {}, set()
+        return {}, set(), False
     project = Project(sources, settings, root=root, given=[named[r] for r in members], run_files=texts)
     project.runner = runner
     plans: Dict[str, object] = {}
@@ -715,4 +760,4 @@ def _plan_part(members, apex, named, texts, settings, planners, root, runner):
         for path, fp in planner(project).items():
             plans[path] = fp if path not in plans else plans[path].merged(fp)
     read = {project._resolved_paths.get(p) or str(Path(p).resolve()) for p in project.modules}
-    return plans, read | project.foreign
+    return plans, read | project.foreign, project.asked_other_parts

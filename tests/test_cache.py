@@ -130,3 +130,44 @@ def test_a_caller_without_apex_is_keyed_on_the_plan(tmp_path, monkeypatch):
     embed = work / "embed.py"
     embed.write_text(embed.read_text() + "\n\ndef unused():\n    return None\n")
     assert check(work).output == check("--no-cache", work).output
+
+
+def test_an_edit_replans_only_its_part(tmp_path, monkeypatch):
+    """A folder of projects side by side: editing one re-plans that one; the others' plans
+    and results come from the cache, and the output is what a fresh run says."""
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("launcher_engine", "dual_path", "setup_returns"):
+        shutil.copytree(PROJECTS / name / "before", tmp_path / "w" / name)
+    work = tmp_path / "w"
+    check(work)
+    import ampfix.project
+
+    asked = []
+    real = ampfix.project.plan_projects
+    monkeypatch.setattr(ampfix.project, "plan_projects",
+                        lambda jobs, *a, **k: asked.extend(p for p, _ in jobs) or real(jobs, *a, **k))
+    trainer = work / "launcher_engine" / "engine" / "trainer.py"
+    trainer.write_text(trainer.read_text() + "\n# edited\n")
+    warm = check(work).output
+    assert asked and all("launcher_engine" in p for p in asked)
+    assert warm == check("--no-cache", work).output
+
+
+def test_a_plan_that_asked_the_other_parts_is_redone_when_they_change(tmp_path, monkeypatch):
+    """p1 scales a loss and never initializes apex; whether p2 initializes it decides AMP106 in
+    p1 (apex raises at the first scaled backward when nothing initializes it)."""
+    monkeypatch.setenv("AMPFIX_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "w" / "p1").mkdir(parents=True)
+    (tmp_path / "w" / "p2").mkdir(parents=True)
+    (tmp_path / "w" / "p1" / "engine.py").write_text(
+        "from apex import amp\n\n\ndef step(loss, opt):\n    with amp.scale_loss(loss, opt) as s:\n"
+        "        s.backward()\n    opt.step()\n")
+    launcher = tmp_path / "w" / "p2" / "train.py"
+    launcher.write_text("import torch\nfrom apex import amp\n\nmodel = torch.nn.Linear(2, 2)\n"
+                        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                        "model, opt = amp.initialize(model, opt, opt_level='O1')\n")
+    first = check(tmp_path / "w").output
+    assert "AMP106" not in first
+    launcher.write_text("import torch\n\nmodel = torch.nn.Linear(2, 2)\n")
+    second = check(tmp_path / "w").output
+    assert "AMP106" in second and second == check("--no-cache", tmp_path / "w").output

@@ -123,11 +123,11 @@ def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatc
     real_plan = ampfix.project._plan_part
 
     def plan(members, *a):
-        plans, read = real_plan(members, *a)
+        plans, read, other = real_plan(members, *a)
         sizes.append(len(members))
         if len(members) == 1 and members[0].endswith("train_net.py"):
             read = read | {str(trainer)}  # as if planning it had imported the engine
-        return plans, read
+        return plans, read, other
 
     monkeypatch.setattr(ampfix.project, "import_components", split)
     monkeypatch.setattr(ampfix.project, "_plan_part", plan)
