@@ -622,11 +622,20 @@ def _check_cached(jobs, texts, settings, planners, workers, cache, progress=None
                 for i, (p, _) in enumerate(jobs):
                     if part_of.get(p) == part:
                         keys[i] = key(i)
+            # a file outside the planned parts that a joined part's plan covers: checked again
+            # with it, and not kept
+            for i, (p, _) in enumerate(jobs):
+                if p in plans and p not in part_of and i not in later:
+                    later.append(i)
+                    unkept.add(p)
         return [(jobs[i][0], jobs[i][1], settings, None, plans.get(jobs[i][0])) for i in later]
 
     fresh = _run_tasks([(jobs[i][0], jobs[i][1], settings, None, None) for i in first], workers,
                        planned_tasks if later else None, also=len(later), progress=progress)
-    for i, r in zip(first + later, fresh):
+    redone = set(later)
+    for n, (i, r) in enumerate(zip(first + later, fresh)):
+        if n < len(first) and i in redone:
+            continue  # checked again with its plan
         results[i] = r
         # what the file's bytes decide is kept; a read error, a crash or a joined part's plan is not
         if keys.get(i) and r.digest == digests[jobs[i][0]] and not r.error and jobs[i][0] not in unkept:
