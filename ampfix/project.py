@@ -717,22 +717,36 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, 
     parts = import_components(texts, root)
     pending = sorted({parts.find(a) for a in asked})
     done: Dict[str, Dict[str, object]] = {}
+    run_files = set(texts)
     while pending:
-        top = pending.pop(0)
-        members = parts.members(top)
-        plans, read, other = _plan_part(members, apex, named, texts, settings, planners, root, runner)
-        outside = sorted(r for r in read if r in texts and parts.find(r) != top)
-        if outside:  # it needs files of other parts: those parts and this one are one
-            for r in outside:
-                parts.join(top, r)
-            top = parts.find(top)
-            done = {k: v for k, v in done.items() if parts.find(k) != top}
-            pending = [top] + [k for k in pending if parts.find(k) != top]
-            continue
-        done[top] = plans
-        if report is not None:
-            report[:] = [r for r in report if parts.find(str(Path(r[0][0]).resolve())) != top]
-            report.append(([named[m] for m in members], plans, other))
+        # the parts are independent: with worker processes, they are planned there, side by
+        # side (the largest first); here, one after the other
+        batch = sorted(pending, key=lambda t: (-len(parts.members(t)), t))
+        pending = []
+        jobs_ = [(members, [m for m in members if m in apex], {m: named[m] for m in members},
+                  {m: texts[m] for m in members}, settings, tuple(planners), root, run_files)
+                 for members in (parts.members(t) for t in batch)]
+        if runner is not None and len(jobs_) > 1:
+            got = runner(_plan_part_job, jobs_)
+        else:
+            got = [_plan_part(*job, runner=runner) for job in jobs_]
+        joined = set()
+        for top, job, (plans, read, other) in zip(batch, jobs_, got):
+            outside = sorted(r for r in read if r in texts and parts.find(r) != parts.find(top))
+            if outside:  # it needs files of other parts: those parts and this one are one
+                for r in outside:
+                    parts.join(top, r)
+                joined.add(parts.find(top))
+                continue
+            done[top] = (job[0], plans, other)  # (its files, its plans, asked the other parts)
+        if joined:  # a part joined with another is planned again, as one, whatever was planned of it
+            stale = [k for k, (members, _, _) in done.items() if parts.members(parts.find(k)) != members]
+            pending = sorted({parts.find(t) for t in joined} | {parts.find(k) for k in stale})
+            for k in stale:
+                del done[k]
+    if report is not None:
+        report.extend(([named[m] for m in members], plans, other) for members, plans, other in done.values())
+    done = {k: v[1] for k, v in done.items()}
     out: Dict[str, object] = {}
     for top in sorted(done):
         for path, fp in done[top].items():
@@ -740,20 +754,23 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, 
     return out
 
 
-def _plan_part(members, apex, named, texts, settings, planners, root, runner):
+def _plan_part_job(job):
+    return _plan_part(*job)
+
+
+def _plan_part(members, apex, named, texts, settings, planners, root, run_files, runner=None):
     """(plans, resolved paths of every module read, whether the plans depend on other parts)
-    for one part of the run."""
+    for one part of the run: its files (resolved paths), those that name apex, their names as
+    given and their bytes."""
     sources = {}
-    for real in members:
-        if real not in apex:
-            continue
+    for real in apex:
         try:
             sources[named[real]] = Source(texts[real], named[real])
         except SourceError:
             continue
     if not sources:
         return {}, set(), False
-    project = Project(sources, settings, root=root, given=[named[r] for r in members], run_files=texts)
+    project = Project(sources, settings, root=root, given=[named[r] for r in members], run_files=run_files)
     project.runner = runner
     plans: Dict[str, object] = {}
     for planner in planners:

@@ -122,8 +122,8 @@ def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatc
     sizes = []
     real_plan = ampfix.project._plan_part
 
-    def plan(members, *a):
-        plans, read, other = real_plan(members, *a)
+    def plan(members, *a, **k):
+        plans, read, other = real_plan(members, *a, **k)
         sizes.append(len(members))
         if len(members) == 1 and members[0].endswith("train_net.py"):
             read = read | {str(trainer)}  # as if planning it had imported the engine
@@ -166,3 +166,19 @@ def test_import_graph_follows_python_lookup(tmp_path):
     assert part["a/train.py"] == part["a/engine/loop.py"] == part["a/engine/helpers.py"] == part["a/utils.py"]
     assert part["b/train.py"] == part["b/utils.py"] != part["a/train.py"]
     assert part["c/scripts/run.py"] == part["c/src/mylib/core.py"] != part["a/train.py"]
+
+
+def test_parts_planned_side_by_side_in_workers(tmp_path):
+    """Enough files for worker processes: the parts are planned there, in parallel, with the
+    same result as one after the other."""
+    for name in sorted(ENTRIES):
+        shutil.copytree(PROJECTS / name / "before", tmp_path / name)
+    for i in range(20):
+        (tmp_path / "misc" / f"m{i}.py").parent.mkdir(exist_ok=True)
+        (tmp_path / "misc" / f"m{i}.py").write_text(f"x{i} = {i}\n")
+    out = CliRunner().invoke(main, ["migrate", "--write", "-j", "2", "--torch-version", "2.4", str(tmp_path)])
+    assert out.exit_code in (0, 1), out.output
+    for name in sorted(ENTRIES):
+        after = PROJECTS / name / "after"
+        for rel in tree(after):
+            assert (tmp_path / name / rel).read_text() == (after / rel).read_text(), (name, rel)
