@@ -556,13 +556,16 @@ def _check_cached(jobs, texts, settings, planners, workers, cache, progress=None
                if planners and b"apex" in texts.get(p, b"") and not p.endswith(".ipynb")]
     part_of: Dict[str, str] = {}  # path -> its part's key
     outside: Dict[str, str] = {}  # part key -> the signature of the other parts' text it may read
+    parts = None  # the run's parts, when worked out in this run
     if planned:  # the parts of an unchanged run are read back, not worked out again
         run_key = cache.key("parts", settings, sorted((p, tuple(c), digests.get(p)) for p, c in jobs))
         got = cache.get(run_key)
         if got is None:
-            got = part_keys(jobs, texts, digests, planned, lambda *a: cache.key("part", settings, *a))
-            cache.put(run_key, got)
-        part_of, outside = got
+            part_of, outside, parts = part_keys(jobs, texts, digests, planned,
+                                                lambda *a: cache.key("part", settings, *a))
+            cache.put(run_key, (part_of, outside))
+        else:
+            part_of, outside = got
     entries: Dict[str, Optional[dict]] = {}
 
     def plan_id(part: str) -> Optional[str]:
@@ -610,13 +613,13 @@ def _check_cached(jobs, texts, settings, planners, workers, cache, progress=None
             report: list = []
             asked = [(p, c) for p, c in planned if part_of[p] in stale]
             plans.update(plan_projects(asked, settings, planners, given=jobs, runner=runner, read=texts,
-                                       report=report))
+                                       report=report, parts=parts))
             for files, part_plans, other in report:
-                parts = {part_of.get(f) for f in files}
-                if len(parts) != 1 or None in parts or {f for f in part_of if part_of[f] in parts} != set(files):
+                of = {part_of.get(f) for f in files}
+                if len(of) != 1 or None in of or {f for f in part_of if part_of[f] in of} != set(files):
                     unkept.update(files)  # a part joined with another while planning
                     continue
-                part = parts.pop()
+                part = of.pop()
                 entries[part] = {"outside": outside[part] if other else None, "plans": part_plans}
                 cache.put(part, entries[part])
                 for i, (p, _) in enumerate(jobs):

@@ -569,57 +569,69 @@ def _ends_in(node, names) -> bool:
     return False
 
 
-_DOTTED = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
-
-
-def _dotted_names(data: bytes) -> Set[str]:
-    """Every dotted name in a text, its leading parts and each name alone."""
-    out: Set[str] = set()
-    for m in set(_DOTTED.findall(data)):
-        bits = m.decode("ascii").split(".")
-        out.update(bits)
-        out.update(".".join(bits[:k]) for k in range(2, len(bits) + 1))
-    return out
+_WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "_Parts":
     """The files of a run (resolved path -> bytes) joined wherever one may import another.
 
-    A name in a file's text joins it with a file whose path ends like the name when Python
-    could import it from there: under a folder above the first file (its folder, a package
-    root, the project root); or anywhere in the same project (an installed package, a src
-    layout, ``sys.path`` edits, a launcher's root).  More joins only make a part larger; the
-    planner also joins parts whose planning reads a file of another."""
+    A file joins another whose module name (its stem, or its package's folder) it names, when
+    Python could import that one from it: from a folder above the first file whose folders down
+    to the other it names too (``import pkg.mod``, ``from .mod import f``, ``pkg.mod.f``), or
+    anywhere in the same project (an installed package, a src layout, ``sys.path`` edits, a
+    launcher's root).  More joins only make a part larger; the planner also joins parts whose
+    planning reads a file of another."""
     parts = _Parts(texts)
     top = str(root.resolve()) if root is not None else None
-    # dotted name -> (file, the folder it is imported from under that name)
-    tails: Dict[str, List[Tuple[str, str]]] = {}
-    for path in texts:
-        p = Path(path)
-        folders = list(p.parents)  # nearest first
-        bits = list(p.parent.parts[len(p.anchor) and 1:]) + ([] if p.stem == "__init__" else [p.stem])
-        for k in range(1, len(bits) + 1):
-            folder = folders[k - 1] if p.stem != "__init__" else folders[k]
-            tails.setdefault(".".join(bits[len(bits) - k:]), []).append((path, os.path.join(str(folder), "")))
-
     # a root without a project marker holds several projects (a folder of checkouts): its
     # top-level folders are told apart, and only Python's own lookup joins across them
     marked = root is not None and any((root / m).exists() for m in PROJECT_MARKERS)
 
-    def one_project(a: str, b: str) -> bool:
+    def project_of(path: str) -> Optional[str]:
+        """The project that holds ``path``: "" under a marked root, else the top-level folder
+        under the root (None: a file at the root itself, or outside it)."""
         if top is None or marked:
-            return True
-        common = os.path.commonpath([a, b])
-        return common != top and common.startswith(top + os.sep)
+            return ""
+        if not path.startswith(top + os.sep):
+            return None
+        rest = path[len(top) + 1:]
+        return rest.split(os.sep, 1)[0] if os.sep in rest else None
+
+    # module name -> project -> the files it names (a module's stem, a package's folder)
+    by_name: Dict[bytes, Dict[Optional[str], List[Path]]] = {}
+    projects = {}
+    for path in texts:
+        p = Path(path)
+        projects[path] = project_of(path)
+        name = (p.parent.name if p.stem == "__init__" else p.stem).encode("ascii", "replace")
+        by_name.setdefault(name, {}).setdefault(projects[path], []).append(p)
+    # in one project any file that names a module may import it: the files of one project
+    # with one module name go together
+    for groups in by_name.values():
+        for proj, files in groups.items():
+            if proj is not None:
+                for other in files[1:]:
+                    parts.join(str(files[0]), str(other))
 
     for path, data in texts.items():
-        # every name the text holds may be a module it imports (an import statement, relative
-        # ones too: their folder is above the file; an attribute chain `pkg.mod.f`; a name a
-        # `sys.path` trick makes importable): more joins only make a part larger
-        for name in _dotted_names(data):
-            for other, base in tails.get(name, ()):
-                if path.startswith(base) or one_project(path, other):
-                    parts.join(path, other)
+        words = set(_WORD.findall(data))
+        mine = projects[path]
+        for name in words.intersection(by_name):
+            for proj, files in by_name[name].items():
+                if proj is not None and proj == mine:
+                    parts.join(path, str(files[0]))
+                    continue
+                if proj is not None and proj.encode("ascii", "replace") not in words:
+                    continue  # another project: importable only through its folder's name
+                for other in files:  # Python's lookup: a folder above `path`, then named folders
+                    folder = other.parent.parent if other.stem == "__init__" else other.parent
+                    while True:
+                        if path.startswith(os.path.join(str(folder), "")):
+                            parts.join(path, str(other))
+                            break
+                        if folder.name.encode("ascii", "replace") not in words or folder == folder.parent:
+                            break
+                        folder = folder.parent
     return parts
 
 
@@ -667,17 +679,21 @@ def part_keys(jobs, texts, digests, planned, key):
     naming = sorted(r for r, data in rtexts.items() if _NAMES_INIT.search(data))
     part_of: Dict[str, str] = {}
     outside: Dict[str, str] = {}
+    members_of: Dict[str, List[str]] = {}
+    for f in rtexts:
+        members_of.setdefault(parts.find(f), []).append(f)
     for top in tops:
-        members = parts.members(top)
+        members = sorted(members_of[top])
         k = key(sorted((named[m], tuple(codes[named[m]]), digests[named[m]]) for m in members))
         others = [(named[r], digests[named[r]]) for r in naming if parts.find(r) != top]
         outside[k] = hashlib.sha256(repr(others).encode("utf-8", "surrogatepass")).hexdigest()
         for m in members:
             part_of[named[m]] = k
-    return part_of, outside
+    return part_of, outside, parts
 
 
-def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, report=None) -> Dict[str, object]:
+def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, report=None,
+                  parts=None) -> Dict[str, object]:
     """path -> its FilePlan, for the files that planners look at (those whose text names apex).
 
     Files without apex are checked on their own.  The others are planned by parts: the files
@@ -688,7 +704,7 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, 
     travel to the worker processes.  ``read``: the bytes of the files, where the caller has them.
     ``report`` (a list) receives, for each part planned, (its files as given, its plans, whether
     they depend on the text of other parts: a project-wide question such as "is apex
-    initialized anywhere")."""
+    initialized anywhere").  ``parts``: the run's parts, where the caller worked them out."""
     from ampfix.engine import _read
 
     if not planners:
@@ -714,7 +730,8 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, 
     # the apex files of every part (a part joined with one asked for brings its own)
     apex = asked | {r for r, data in texts.items() if b"apex" in data}
     root = project_root([p for p, _ in given])
-    parts = import_components(texts, root)
+    if parts is None:
+        parts = import_components(texts, root)
     pending = sorted({parts.find(a) for a in asked})
     done: Dict[str, Dict[str, object]] = {}
     run_files = set(texts)
