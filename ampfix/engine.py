@@ -21,7 +21,7 @@ from ampfix.edits import Conflict, Edit, apply_edits
 from ampfix.rule import Context, Fix, Report
 from ampfix.semantic import Model
 from ampfix.settings import Settings
-from ampfix.source import MAX_FILE_SIZE, Source, SourceError, run_deep
+from ampfix.source import Source, SourceError, run_deep
 from ampfix.tidy import tidy
 
 SYNTAX_ERROR = ("AMP000", "syntax-error")

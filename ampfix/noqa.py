@@ -8,7 +8,7 @@ a backslash continuation, cannot take a comment there: it is left as is and coun
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from ampfix.source import Source
 

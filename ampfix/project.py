@@ -560,15 +560,6 @@ def project_root(paths: Sequence[str]) -> Optional[Path]:
     return common
 
 
-def _ends_in(node, names) -> bool:
-    """``name(...)``, ``x.name``, ``a.b.name``: the node's last name is one of ``names``."""
-    if isinstance(node, ast.Name):
-        return node.id in names
-    if isinstance(node, ast.Attribute):
-        return node.attr in names
-    return False
-
-
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 
 

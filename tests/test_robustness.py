@@ -53,21 +53,44 @@ def _children(pid):
     return [line for line in out.splitlines()[1:] if "ampfix" in line or "multiprocessing" in line]
 
 
-def _slow_tree(tmp_path, n=120):
+def _slow_tree(tmp_path, n=400):
     big = "import torch\n" + "".join(f"x{i} = torch.zeros({i}).cuda()\nloss{i}.item()\n" for i in range(400))
     for i in range(n):
         (tmp_path / f"f{i}.py").write_text(big)
+
+
+def _session(pid) -> list:
+    return subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
+
+
+def _start_with_workers(tmp_path, **kw):
+    """`ampfix check` over a slow tree, once its worker processes are up (or it ended)."""
+    _slow_tree(tmp_path)
+    p = subprocess.Popen([sys.executable, "-m", "ampfix", "check", "--no-cache", "-j", "2", "--select", "ALL",
+                          str(tmp_path)], stdout=subprocess.DEVNULL, start_new_session=True, **kw)
+    deadline = time.time() + 30
+    while time.time() < deadline and p.poll() is None and len(_session(p.pid)) < 3:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    return p
+
+
+def _left_behind(pid) -> list:
+    """The processes of the run's session still alive after 5 s."""
+    deadline = time.time() + 5
+    left = ["x"]
+    while time.time() < deadline and left:
+        left = _session(pid)
+        time.sleep(0.2)
+    return left
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signals_exit_code_and_no_orphan_workers(tmp_path, sig, code):
     if not hasattr(os, "getpgid"):
         pytest.skip("POSIX only")
-    _slow_tree(tmp_path)
-    p = subprocess.Popen([sys.executable, "-m", "ampfix", "check", "-j", "2", "--select", "ALL", str(tmp_path)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(2.5)
-    before = subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split()
+    p = _start_with_workers(tmp_path, stderr=subprocess.PIPE, text=True)
+    before = _session(p.pid)
     p.send_signal(sig)
     rc = p.wait(timeout=60)
     err = p.stderr.read()
@@ -75,29 +98,16 @@ def test_signals_exit_code_and_no_orphan_workers(tmp_path, sig, code):
         pytest.skip(f"the run ended before the signal ({len(before)} processes)")
     assert rc == code, err
     assert "Traceback" not in err
-    deadline = time.time() + 5
-    left = ["x"]
-    while time.time() < deadline and left:
-        left = subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split()
-        time.sleep(0.2)
-    assert not left, f"workers left behind: {left}"
+    assert not _left_behind(p.pid), "workers left behind"
 
 
 def test_workers_die_with_a_killed_parent(tmp_path):
-    _slow_tree(tmp_path)
-    p = subprocess.Popen([sys.executable, "-m", "ampfix", "check", "-j", "2", "--select", "ALL", str(tmp_path)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    time.sleep(2.5)
+    p = _start_with_workers(tmp_path, stderr=subprocess.DEVNULL)
     if p.poll() is not None:
         pytest.skip("the run ended before the signal")
     p.kill()
     p.wait()
-    deadline = time.time() + 5
-    left = ["x"]
-    while time.time() < deadline and left:
-        left = subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True, text=True).stdout.split()
-        time.sleep(0.2)
-    assert not left, f"workers left behind: {left}"
+    assert not _left_behind(p.pid), "workers left behind"
 
 
 def test_a_worker_crash_costs_only_its_file(tmp_path, monkeypatch):
