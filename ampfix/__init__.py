@@ -1,6 +1,6 @@
 """ampfix: find and fix mixed-precision mistakes in PyTorch training code."""
 
-__version__ = "0.1.0"
+from ampfix.version import __version__  # noqa: F401  (ampfix.__version__)
 
 #: the Python API (ampfix/api.py), imported on first use so that `import ampfix` stays light
 _API = ("check", "check_code", "fix_code", "migrate")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, List, Optional, Sequence
 
-from ampfix.config import ConfigError  # noqa: F401  (part of the API)
+from ampfix.io.config import ConfigError  # noqa: F401  (part of the API)
 
 __all__ = ["check", "check_code", "fix_code", "migrate", "ConfigError"]
 
@@ -33,7 +33,7 @@ def _kw(paths, select, ignore, config, **more) -> dict:
 
 
 def _as_dict(results, diags) -> dict:
-    from ampfix.report import as_json
+    from ampfix.output.report import as_json
 
     return json.loads(as_json(results, diags))
 
@@ -41,9 +41,9 @@ def _as_dict(results, diags) -> dict:
 def check(paths: Iterable[str], *, select: Optional[Sequence[str]] = None, ignore: Optional[Sequence[str]] = None,
           config: Optional[str] = None) -> dict:
     """Check files and folders: the document ``ampfix check --output-format json`` prints."""
-    from ampfix.cli import _run
+    from ampfix.cli import run_paths
 
-    _, results = _run(_kw(paths, select, ignore, config), fix=None)
+    _, results = run_paths(_kw(paths, select, ignore, config), fix=None)
     diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
     return _as_dict(results, diags)
 
@@ -51,8 +51,8 @@ def check(paths: Iterable[str], *, select: Optional[Sequence[str]] = None, ignor
 def _one(code: str, filename: str, select, fix):
     from pathlib import Path
 
-    from ampfix.config import load_config
-    from ampfix.engine import check_source
+    from ampfix.io.config import load_config
+    from ampfix.engine.check import check_source
     from ampfix.registry import rules_by_code
 
     cfg = load_config(None, Path.cwd())
@@ -79,11 +79,11 @@ def migrate(paths: Iterable[str], *, write: bool = False, unsafe: bool = False,
             select: Optional[Sequence[str]] = None, config: Optional[str] = None) -> dict:
     """``ampfix migrate`` (``write=True``: ``--write``): per file, whether it changes, the diff,
     what is left for a person (JSON diagnostics) and any error."""
-    from ampfix.cli import _run
-    from ampfix.report import unified_diff
-    from ampfix.writer import WriteError, write_atomic
+    from ampfix.cli import run_paths
+    from ampfix.output.report import unified_diff
+    from ampfix.io.writer import WriteError, write_atomic
 
-    _, results = _run(_kw(paths, select, None, config), fix="unsafe" if unsafe else "safe")
+    _, results = run_paths(_kw(paths, select, None, config), fix="unsafe" if unsafe else "safe")
     files = []
     for r in results:
         entry = {"path": r.path, "changed": r.changed, "diff": unified_diff(r), "applied": list(r.applied),

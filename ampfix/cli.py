@@ -9,9 +9,9 @@ from typing import List, Optional
 
 import click
 
-from ampfix import __version__
-from ampfix.config import Config, ConfigError, check_target, check_version, expand, load_config
-from ampfix.report import FORMATS
+from ampfix.version import __version__
+from ampfix.io.config import Config, ConfigError, check_target, check_version, expand, load_config
+from ampfix.output.report import FORMATS
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 
@@ -65,7 +65,7 @@ def _config(kw) -> Config:
         cfg.settings = cfg.settings.with_overrides(torch_version=check_version(kw["torch_version"]),
                                                    torch_version_source="--torch-version")
     else:
-        from ampfix.config import with_pinned_torch
+        from ampfix.io.config import with_pinned_torch
 
         cfg = with_pinned_torch(cfg, start if start.exists() else Path.cwd())
     cfg.extend_exclude += list(kw["extend_exclude"])
@@ -74,10 +74,11 @@ def _config(kw) -> Config:
     return cfg
 
 
-def _run(kw, fix: Optional[str]):
+def run_paths(kw, fix: Optional[str]):
     """Check (and maybe fix) everything named; returns (config, results)."""
-    from ampfix.engine import check_paths, check_source
-    from ampfix.files import discover
+    from ampfix.engine.check import check_source
+    from ampfix.engine.run import check_paths
+    from ampfix.io.files import discover
     from ampfix.registry import rules_by_code
 
     cfg = _config(kw)
@@ -97,18 +98,19 @@ def _run(kw, fix: Optional[str]):
     for p in paths:
         if not Path(p).exists():
             raise ConfigError(f"{p}: no such file or folder")
-    from ampfix import datafiles
+    from ampfix.engine import datafiles
 
-    from ampfix.engine import error_result
+    from ampfix.engine.check import error_result
 
     problems: list = []
     files = list(discover(paths, cfg.root, cfg.all_excludes, cfg.respect_gitignore, problems))
-    if not files and not problems:
+    named_data = [p for p in paths if Path(p).is_file() and p not in {str(f) for f in files}]
+    if not files and not problems and not named_data:
         click.echo(f"ampfix: warning: no Python files found under {', '.join(paths)}", err=True)
     jobs = [(str(f), cfg.codes_for(f, selected)) for f in files]
     cache = None
     if not fix and not kw.get("no_cache") and not os.environ.get("AMPFIX_NO_CACHE"):
-        from ampfix.cache import Cache
+        from ampfix.engine.cache import Cache
 
         cache = Cache()
     results = check_paths(jobs, cfg.settings, fix=fix, workers=kw["jobs"], cache=cache,
@@ -116,7 +118,7 @@ def _run(kw, fix: Optional[str]):
     results += [error_result(path, why) for path, why in problems]
     # dependency and environment files: read after the code, whose (fixed) imports they follow
     rules = datafiles.file_rules(rules_by_code()[c] for c in selected)
-    from ampfix.project import project_root
+    from ampfix.project.parts import project_root
 
     others = datafiles.discover(paths, project_root(paths), rules, cfg.all_excludes) if rules else []
     if others:
@@ -248,16 +250,16 @@ def check(**kw):
         sys.exit(_guard(kw, lambda: _add_noqa(kw)))
 
     def body():
-        from ampfix.report import show_fixes, statistics, summary_line, write_diagnostics
+        from ampfix.output.report import show_fixes, statistics, summary_line, write_diagnostics
 
-        cfg, results = _run(kw, fix=None)
+        cfg, results = run_paths(kw, fix=None)
         diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
         out = click.get_text_stream("stdout")
         if kw["statistics"] and kw["output_format"] not in ("json", "sarif", "gitlab"):
             if diags:
                 out.write(statistics(diags) + "\n")
         else:
-            from ampfix.report import use_color
+            from ampfix.output.report import use_color
 
             write_diagnostics(results, diags, kw["output_format"], out, color=use_color(sys.stdout))
         if kw["show_fixes"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):
@@ -270,14 +272,14 @@ def check(**kw):
 
 
 def _add_noqa(kw) -> int:
-    from ampfix.noqa import add_noqa
-    from ampfix.source import SourceError
-    from ampfix.writer import WriteError, digest, write_atomic
+    from ampfix.engine.noqa import add_noqa
+    from ampfix.model.source import SourceError
+    from ampfix.io.writer import WriteError, digest, write_atomic
 
     if tuple(kw["paths"]) == ("-",):
         raise ConfigError("--add-noqa writes files: name them (not '-')")
     kw["no_cache"] = True
-    cfg, results = _run(kw, fix=None)
+    cfg, results = run_paths(kw, fix=None)
     added = files = 0
     failed = False
     for r in results:
@@ -321,13 +323,13 @@ def migrate(**kw):
 
 
 def _migrate(kw) -> int:
-    from ampfix.report import migrate_report, unified_diff
-    from ampfix.writer import WriteError, write_atomic
+    from ampfix.output.report import migrate_report, unified_diff
+    from ampfix.io.writer import WriteError, write_atomic
 
-    cfg, results = _run(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
+    cfg, results = run_paths(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
     out = click.get_text_stream("stdout")
     if kw["paths"] == ("-",):
-        from ampfix.engine import IO_ERROR, SYNTAX_ERROR
+        from ampfix.engine.check import IO_ERROR, SYNTAX_ERROR
 
         r = results[0]
         # always the whole text: fixed, or as it came when nothing applies or it cannot be read
@@ -370,7 +372,7 @@ def _migrate(kw) -> int:
 @main.command()
 def clean():
     """Remove ampfix's result cache ($AMPFIX_CACHE_DIR, else ~/.cache/ampfix)."""
-    from ampfix.cache import clean as clean_cache, default_dir
+    from ampfix.engine.cache import clean as clean_cache, default_dir
 
     n = clean_cache()
     click.echo(f"Removed {n} cache file{'s' if n != 1 else ''} from {default_dir()}.")
@@ -385,7 +387,7 @@ def rules_cmd(output_format):
     from ampfix.registry import all_rules
 
     if output_format == "markdown":
-        from ampfix.report import rules_markdown
+        from ampfix.output.report import rules_markdown
 
         click.echo(rules_markdown(), nl=False)
         return
@@ -424,7 +426,7 @@ def explain(code):
 def convert_checkpoint(old, new, model_key):
     """Convert a checkpoint an apex program wrote (amp loss scaler, FP16_Optimizer state, float16
     weights with float32 masters) for the migrated program.  Needs torch; never runs pickled code."""
-    from ampfix.checkpoint import ConvertError, convert_file
+    from ampfix.migration.checkpoint import ConvertError, convert_file
 
     if os.path.abspath(old) == os.path.abspath(new):
         click.echo("ampfix: error: write the converted checkpoint to a new file (NEW must differ from OLD)", err=True)
@@ -478,9 +480,9 @@ def verify(script, script_args, steps, warmup, timeout, device, original, do_mig
     try:
         target = script
         if do_migrate:
-            from ampfix.engine import check_source
+            from ampfix.engine.check import check_source
             from ampfix.registry import all_rules
-            from ampfix.settings import Settings
+            from ampfix.model.settings import Settings
 
             with open(script, "rb") as fh:
                 res = check_source(fh.read(), script, all_rules(), Settings(), fix="safe")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence, Tuple
 
-from ampfix import __version__
+from ampfix.version import __version__
 
 
 class AmpfixChecker:
@@ -22,14 +22,14 @@ class AmpfixChecker:
     def _codes(self):
         from pathlib import Path
 
-        from ampfix.config import load_config
+        from ampfix.io.config import load_config
 
         start = Path(self.filename).resolve().parent if self.filename not in ("stdin", "-") else Path.cwd()
         cfg = load_config(None, start)
         return cfg, cfg.codes_for(Path(self.filename), cfg.selected_codes())
 
     def run(self) -> Iterator[Tuple[int, int, str, type]]:
-        from ampfix.engine import check_source
+        from ampfix.engine.check import check_source
         from ampfix.registry import rules_by_code
 
         if self.lines:

@@ -14,10 +14,10 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ampfix.edits import Builder, Edit
-from ampfix.semantic import Model, dotted
-from ampfix.settings import Settings
-from ampfix.source import Source
+from ampfix.model.edits import Builder, Edit
+from ampfix.model.semantic import Model, dotted
+from ampfix.model.settings import Settings
+from ampfix.model.source import Source
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class _Memo:
 
 class Context(_Memo):
     """What every rule of one file shares: source, tree, semantic model, settings, what project
-    planners decided for the file (a :class:`~ampfix.plan.FilePlan` or None), and a cache for
+    planners decided for the file (a :class:`~ampfix.project.plan.FilePlan` or None), and a cache for
     analyses rules share."""
 
     def __init__(self, src: Source, model: Model, settings: Settings, plan=None) -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from ampfix.engine import check_source
+from ampfix.engine.check import check_source
 from ampfix.rule import Example
-from ampfix.settings import Settings
+from ampfix.model.settings import Settings
 
 
 def run_example(rule: type, example: Example) -> Tuple[List, str]:
@@ -46,7 +46,7 @@ def _run_file_example(rule: type, example: Example) -> Tuple[List, str]:
     import tempfile
     from pathlib import Path
 
-    from ampfix import datafiles
+    from ampfix.engine import datafiles
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -14,9 +14,9 @@ import random
 import sys
 import time
 
-from ampfix.engine import check_source
+from ampfix.engine.check import check_source
 from ampfix.registry import all_rules
-from ampfix.settings import Settings
+from ampfix.model.settings import Settings
 
 
 def torch_sources():

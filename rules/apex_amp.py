@@ -1,6 +1,6 @@
 """AMP101: apex.amp, reported and rewritten to native torch.amp as one all-or-nothing fix."""
 
-from ampfix import migration
+from ampfix.migration.planner import plan as migration_plan
 from ampfix.rule import Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -81,7 +81,7 @@ class ApexAmp(ApexRule):
     since = "1.6"
     prefix = "apex.amp"
     #: the whole-project migration (ampfix.migration) plans this rule's fixes
-    planner = staticmethod(migration.plan)
+    planner = staticmethod(migration_plan)
     says_plan_reports = True
 
     VALID = [Valid("import torch\nscaler = torch.amp.GradScaler('cuda')\n"),

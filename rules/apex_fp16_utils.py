@@ -3,7 +3,7 @@ all-or-nothing fix per module."""
 
 import ast
 
-from ampfix import migration
+from ampfix.migration.planner import plan as migration_plan
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -73,7 +73,7 @@ class ApexFp16Utils(ApexRule):
     fix_kind = "safe"
     since = "1.6"
     prefix = "apex.fp16_utils"
-    planner = staticmethod(migration.plan)
+    planner = staticmethod(migration_plan)
 
     VALID = [Valid("from mylib.fp16_utils import FP16_Optimizer\nopt = FP16_Optimizer(opt)\n")]
     INVALID = [

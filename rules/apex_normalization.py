@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import arg, has_star, kwargs
+from ampfix.model.analysis import arg, has_star, kwargs
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 

@@ -1,6 +1,5 @@
-import ast
 
-from ampfix.analysis import has_star, is_const, kwargs, number_value
+from ampfix.model.analysis import has_star, is_const, kwargs, number_value
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 

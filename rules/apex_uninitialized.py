@@ -1,4 +1,4 @@
-from ampfix import migration
+from ampfix.migration.planner import plan as migration_plan
 from ampfix.rule import Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -31,7 +31,7 @@ class ApexUninitialized(ApexRule):
     summary = "apex amp.scale_loss/master_params where no amp.initialize is left in the project"
     since = "1.6"
     prefix = "apex.amp"
-    planner = staticmethod(migration.plan)
+    planner = staticmethod(migration_plan)
 
     VALID = [Valid("from apex import amp\nmodel, opt = amp.initialize(model, opt)\n"
                    "with amp.scale_loss(loss, opt) as s:\n    s.backward()\n")]

@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import autocast_enabled_literal, enclosing_autocast, method_call
+from ampfix.model.analysis import autocast_enabled_literal, enclosing_autocast, method_call
 from ampfix.rule import Invalid, Rule, Valid
 
 

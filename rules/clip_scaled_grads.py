@@ -1,16 +1,16 @@
 import ast
 
-from ampfix.analysis import (
+from ampfix.model.analysis import (
     CLIP, exclusive, enclosing_loop, functions_and_module, is_scaler_call, method_call, receiver, scaled_backward, scalers_for,
     unit_nodes,
 )
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.semantic import dotted
+from ampfix.model.semantic import dotted
 
 
 def _scaled_threshold(clip, scalers) -> bool:
     """``clip_grad_norm_(params, max_norm * scaler.get_scale())``."""
-    from ampfix.semantic import walk
+    from ampfix.model.semantic import walk
 
     thr = clip.args[1] if len(clip.args) > 1 else next(
         (k.value for k in clip.keywords if k.arg in ("max_norm", "clip_value")), None)

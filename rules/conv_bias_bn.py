@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import arg, has_star, is_const
+from ampfix.model.analysis import arg, has_star, is_const
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 CONV = {f"torch.nn.Conv{d}d" for d in (1, 2, 3)}
 BN = {f"torch.nn.BatchNorm{d}d" for d in (1, 2, 3)} | {"torch.nn.SyncBatchNorm"}

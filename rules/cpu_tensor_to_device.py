@@ -1,9 +1,9 @@
 import ast
 
-from ampfix.analysis import arg, has_star, kwargs, method_call, receiver, string_value
-from ampfix.edits import Edit
+from ampfix.model.analysis import arg, has_star, kwargs, method_call, receiver, string_value
+from ampfix.model.edits import Edit
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.semantic import dotted
+from ampfix.model.semantic import dotted
 
 DETERMINISTIC = {"zeros", "ones", "empty", "full", "arange", "linspace", "logspace", "eye", "tensor",
                  "empty_strided"}

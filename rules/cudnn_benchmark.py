@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import is_training_loop
+from ampfix.model.analysis import is_training_loop
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import walk
+from ampfix.model.semantic import walk
 
 CONVS = {f"torch.nn.Conv{d}d" for d in (1, 2, 3)} | {f"torch.nn.modules.conv.Conv{d}d" for d in (1, 2, 3)}
 

@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import arg
+from ampfix.model.analysis import arg
 from ampfix.rule import Fix, Invalid, Rule, Valid
 
 NAMES = {"torch.amp.custom_fwd", "torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_fwd",

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import DATALOADER, arg, has_star, is_const
+from ampfix.model.analysis import DATALOADER, arg, has_star, is_const
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import walk
+from ampfix.model.semantic import walk
 
 
 class DataLoaderWorkers(Rule):

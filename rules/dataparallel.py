@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import DATAPARALLEL
+from ampfix.model.analysis import DATAPARALLEL
 from ampfix.rule import Invalid, Rule, Valid
 
 

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import DATAPARALLEL, arg, autocast_call, autocast_dtype, enclosing_autocast
+from ampfix.model.analysis import DATAPARALLEL, arg, autocast_call, autocast_dtype, enclosing_autocast
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 #: torch 1.7 (pytorch/pytorch#43102) made parallel_apply re-enter autocast in the replica
 #: threads - with the enabled flag only, so the dtype falls back to float16 on CUDA.

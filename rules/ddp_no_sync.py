@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import DDP, enclosing_loop, is_modulo_guarded, is_optimizer_step, is_training_loop, method_call
+from ampfix.model.analysis import DDP, enclosing_loop, is_modulo_guarded, is_optimizer_step, is_training_loop, method_call
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import walk
+from ampfix.model.semantic import walk
 
 
 class DdpNoSync(Rule):

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import arg, is_const, is_training_loop
+from ampfix.model.analysis import arg, is_const, is_training_loop
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import walk
+from ampfix.model.semantic import walk
 
 ANOMALY_SET = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 ANOMALY_CTX = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}

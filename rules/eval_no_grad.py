@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import method_call, receiver
+from ampfix.model.analysis import method_call, receiver
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad",
            "torch.autograd.grad_mode.inference_mode", "torch.set_grad_enabled", "torch.autograd.set_grad_enabled"}

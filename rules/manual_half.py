@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, exclusive, method_call, unit_of
+from ampfix.model.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, exclusive, method_call, unit_of
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import walk
+from ampfix.model.semantic import walk
 
 
 class ManualHalf(Rule):

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import DATALOADER, arg, is_const, method_call, receiver
+from ampfix.model.analysis import DATALOADER, arg, is_const, method_call, receiver
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 
 def _names(target):

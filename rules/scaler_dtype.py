@@ -1,11 +1,11 @@
 import ast
 
-from ampfix.analysis import (
+from ampfix.model.analysis import (
     AUTOCAST, GRADSCALER, arg, autocast_dtype, functions_and_module, is_const, method_call, receiver, scalers_for,
     string_value, unit_nodes,
 )
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 
 def _device(rule, call) -> str:

@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import GRADSCALER, enclosing_loop, is_training_loop, loop_body_nodes
+from ampfix.model.analysis import GRADSCALER, enclosing_loop, is_training_loop, loop_body_nodes
 from ampfix.rule import Invalid, Rule, Valid
 
 

@@ -1,11 +1,10 @@
 import ast
 
-from ampfix.analysis import (
-    functions_and_module, is_scaler_call, method_call, receiver, scalers_for, unit_nodes,
+from ampfix.model.analysis import (
+    functions_and_module, is_scaler_call, scalers_for, unit_nodes,
 )
 from ampfix.migration.flow import follows, stmt_of
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import dotted
 
 
 class ScalerStepWithoutScale(Rule):

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, enclosing_function, is_const, method_call
+from ampfix.model.analysis import FLOAT16, GRADSCALER, arg, enclosing_function, is_const, method_call
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 
 class ScalerUnused(Rule):

@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.analysis import functions_and_module, is_scaler_call, scalers_for, unit_nodes
+from ampfix.model.analysis import functions_and_module, is_scaler_call, scalers_for, unit_nodes
 from ampfix.rule import Invalid, Rule, Valid
 
 

@@ -1,10 +1,10 @@
 import ast
 
-from ampfix.analysis import (
+from ampfix.model.analysis import (
     functions_and_module, is_optimizer_step, is_scaler_call, receiver, scaled_backward, scalers_for, unit_nodes,
 )
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.semantic import dotted
+from ampfix.model.semantic import dotted
 
 
 class StepBypassesScaler(Rule):

@@ -1,11 +1,11 @@
 import ast
 
-from ampfix.analysis import (
+from ampfix.model.analysis import (
     enclosing_loop, functions_and_module, is_modulo_guarded, is_training_loop, method_call, receiver, tensors,
     unit_nodes,
 )
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import dotted, walk
+from ampfix.model.semantic import dotted, walk
 
 SYNC_METHODS = {"item", "cpu", "numpy", "tolist", "nonzero"}
 ADVICE = {

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import AUTOCAST, arg, autocast_dtype
+from ampfix.model.analysis import AUTOCAST, arg, autocast_dtype
 from ampfix.rule import Invalid, Rule, Valid
-from ampfix.semantic import walk
+from ampfix.model.semantic import walk
 
 LAYERS = {"torch.nn.Linear": ("in_features", "out_features"), "torch.nn.Embedding": ("num_embeddings", "embedding_dim")}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from ampfix.cache import Cache
+from ampfix.engine.cache import Cache
 from ampfix.cli import main
 
 PROJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
@@ -29,17 +29,17 @@ def test_warm_run_reads_the_cache_and_says_the_same(tmp_path, monkeypatch):
     shutil.copytree(PROJECTS / "launcher_engine" / "before", work)
     cold = check(work)
     assert entries(tmp_path / "cache")
-    import ampfix.engine
+    import ampfix.engine.run
 
     calls = []
-    real = ampfix.engine._run_tasks
+    real = ampfix.engine.run._run_tasks
     planned = []
-    monkeypatch.setattr(ampfix.engine, "_run_tasks",
+    monkeypatch.setattr(ampfix.engine.run, "_run_tasks",
                         lambda tasks, w, more=None, also=0, progress=None: calls.append((len(tasks), more))
                         or real(tasks, w, more, also, progress))
-    import ampfix.project
+    import ampfix.project.planning
 
-    monkeypatch.setattr(ampfix.project, "plan_projects", lambda *a, **k: planned.append(1))
+    monkeypatch.setattr(ampfix.project.planning, "plan_projects", lambda *a, **k: planned.append(1))
     warm = check(work)
     # nothing is checked again, and with every planned file's result cached nothing is planned
     assert warm.output == cold.output and calls == [(0, None)] and not planned
@@ -140,11 +140,11 @@ def test_an_edit_replans_only_its_part(tmp_path, monkeypatch):
         shutil.copytree(PROJECTS / name / "before", tmp_path / "w" / name)
     work = tmp_path / "w"
     check(work)
-    import ampfix.project
+    import ampfix.project.planning
 
     asked = []
-    real = ampfix.project.plan_projects
-    monkeypatch.setattr(ampfix.project, "plan_projects",
+    real = ampfix.project.planning.plan_projects
+    monkeypatch.setattr(ampfix.project.planning, "plan_projects",
                         lambda jobs, *a, **k: asked.extend(p for p, _ in jobs) or real(jobs, *a, **k))
     trainer = work / "launcher_engine" / "engine" / "trainer.py"
     trainer.write_text(trainer.read_text() + "\n# edited\n")

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 if not hasattr(torch.serialization, "safe_globals"):  # pragma: no cover
     pytest.skip("needs torch >= 2.5", allow_module_level=True)
 
-from ampfix.checkpoint import ConvertError, convert_file  # noqa: E402
+from ampfix.migration.checkpoint import ConvertError, convert_file  # noqa: E402
 
 
 def fake_apex_module():

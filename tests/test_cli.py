@@ -7,7 +7,7 @@ import sys
 
 from click.testing import CliRunner
 
-from ampfix import __version__
+from ampfix.version import __version__
 from ampfix.cli import main
 
 BAD = """

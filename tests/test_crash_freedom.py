@@ -31,9 +31,9 @@ hypothesmith = pytest.importorskip("hypothesmith")
                      suppress_health_check=list(hypothesis.HealthCheck))
 @hypothesis.given(hypothesmith.from_grammar())
 def test_generated_modules(source):
-    from ampfix.engine import check_source
+    from ampfix.engine.check import check_source
     from ampfix.registry import all_rules
-    from ampfix.settings import Settings
+    from ampfix.model.settings import Settings
 
     data = source.encode("utf-8", "surrogatepass")
     r = check_source(data, "gen.py", all_rules(), Settings(), fix="unsafe")

@@ -7,7 +7,7 @@ import jsonschema
 from click.testing import CliRunner
 
 from ampfix.cli import main
-from ampfix.report import rules_markdown
+from ampfix.output.report import rules_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ampfix.engine import check_source
+from ampfix.engine.check import check_source
 from ampfix.registry import all_rules
-from ampfix.settings import Settings
+from ampfix.model.settings import Settings
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "apex"
 NAMES = sorted(p.name for p in (FIX / "before").glob("*.py"))

@@ -144,7 +144,7 @@ def test_unchanged_module_writes_back_the_same_bytes():
     string or a list, other languages' cells, non-ASCII)."""
     from hypothesis import given, settings, strategies as st
 
-    from ampfix import notebook as nbm
+    from ampfix.io import notebook as nbm
 
     line = st.sampled_from(["import torch", "x = 1", "    y = x", "%matplotlib inline", "!pip install -q x",
                             "files = !ls", "", "# é comment", "for i in range(2):", "    pass", "%%time",

@@ -103,10 +103,11 @@ def test_projects_side_by_side_plan_as_when_alone(tmp_path):
 def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatch):
     """Defence in depth: should planning a part import a file of the run that the first split
     put elsewhere, the project records it and the two parts are planned again as one."""
-    from ampfix.project import Project
-    from ampfix.settings import Settings
-    from ampfix.source import Source
-    import ampfix.project
+    from ampfix.project.graph import Project
+    from ampfix.model.settings import Settings
+    from ampfix.model.source import Source
+    import ampfix.project.parts
+    import ampfix.project.planning
 
     shutil.copytree(PROJECTS / "launcher_engine" / "before", tmp_path / "p")
     launcher = tmp_path / "p" / "tools" / "train_net.py"
@@ -117,10 +118,10 @@ def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatc
 
 
     def split(texts, root=None):  # every file a part of its own
-        return ampfix.project._Parts(texts)
+        return ampfix.project.parts.Parts(texts)
 
     sizes = []
-    real_plan = ampfix.project._plan_part
+    real_plan = ampfix.project.planning._plan_part
 
     def plan(members, *a, **k):
         plans, read, other = real_plan(members, *a, **k)
@@ -129,20 +130,20 @@ def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatc
             read = read | {str(trainer)}  # as if planning it had imported the engine
         return plans, read, other
 
-    monkeypatch.setattr(ampfix.project, "import_components", split)
-    monkeypatch.setattr(ampfix.project, "_plan_part", plan)
+    monkeypatch.setattr(ampfix.project.planning, "import_components", split)
+    monkeypatch.setattr(ampfix.project.planning, "_plan_part", plan)
     jobs = [(str(f), ()) for f in sorted((tmp_path / "p").rglob("*.py"))]
-    from ampfix.plan import planners_of
+    from ampfix.project.plan import planners_of
     from ampfix.registry import rules_by_code
 
-    ampfix.project.plan_projects(jobs, Settings(), planners_of(rules_by_code().values()))
+    ampfix.project.planning.plan_projects(jobs, Settings(), planners_of(rules_by_code().values()))
     assert 2 in sizes  # the launcher and the trainer, planned together after the first try
 
 
 def test_import_graph_follows_python_lookup(tmp_path):
     """Files join where Python could import one from the other; a folder of several projects
     (no marker above them) keeps them apart even where module names repeat."""
-    from ampfix.project import import_components
+    from ampfix.project.parts import import_components
 
     files = {
         "a/train.py": b"from engine.loop \\\n    import run\nimport utils\n",

@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import ampfix.engine
+import ampfix.engine.run
 from ampfix.cli import main
 
 FIXABLE = "import torch\nx = torch.zeros(3).cuda()\n"
@@ -105,14 +105,14 @@ def test_file_changed_meanwhile_is_not_overwritten(tmp_path, monkeypatch):
     f.write_text(FIXABLE)
     g = tmp_path / "b.py"
     g.write_text(FIXABLE)
-    real = ampfix.engine.check_paths
+    real = ampfix.engine.run.check_paths
 
     def edited_meanwhile(*a, **k):
         results = real(*a, **k)
         f.write_text(FIXABLE + "y = 2\n")  # the user saves while ampfix runs
         return results
 
-    monkeypatch.setattr(ampfix.engine, "check_paths", edited_meanwhile)
+    monkeypatch.setattr(ampfix.engine.run, "check_paths", edited_meanwhile)
     out = run("migrate", "--write", str(tmp_path))
     assert f.read_text() == FIXABLE + "y = 2\n"
     assert "changed since ampfix read it" in out.output and g.read_text() == FIXED

@@ -24,15 +24,15 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.analysis import arg, has_star, is_const, kwargs, method_call, number_value, receiver, string_value
-from ampfix.migration import FileChanges, Group, Refuse
+from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, number_value, receiver, string_value
+from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.flow import (
-    Region, ancestors_stmts, assigned, dominates, follows, forward_region, guards, read, stmt_of,
+    ancestors_stmts, assigned, dominates, follows, forward_region, guards, read, stmt_of,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
 from ampfix.rule import ImportSpec
-from ampfix.rules._apex import apex_uses
-from ampfix.semantic import DEFS, LOOPS, block_of, dotted, walk
+from ampfix.model.apex import apex_uses
+from ampfix.model.semantic import DEFS, block_of, dotted, walk
 
 NOTES = {
     "keep_batchnorm_fp32": "autocast keeps batch norm in float32 itself",
@@ -521,7 +521,7 @@ class Rewriter:
                 fc.wrap(block[i], block[j], f"with {h}")
 
     def _under_autocast(self, stmt) -> bool:
-        from ampfix.analysis import enclosing_autocast
+        from ampfix.model.analysis import enclosing_autocast
 
         return enclosing_autocast(self._sem_of(stmt), stmt) is not None
 
@@ -1342,7 +1342,7 @@ class GroupPlan(Rewriter):
             raise Refuse(f"amp.load_state_dict at line {u.line} is not called with one state")
         code = u.module.src.code
         fc.replace(call, f"{c.expr}.load_state_dict(_scaler_state({c.expr}, {code(call.args[0])}))")
-        from ampfix.migration import add_module_helper
+        from ampfix.migration.groups import add_module_helper
 
         add_module_helper(fc, u.module, SCALER_STATE_HELPER, "_scaler_state")
         self.notes.add("old checkpoints: _scaler_state() reads apex's loss-scaler state too")
@@ -1543,7 +1543,7 @@ def _runs_as_often(a, b, unit) -> bool:
 
 
 def _insert(at: int, text: str):
-    from ampfix.edits import Edit
+    from ampfix.model.edits import Edit
 
     return Edit(at, at, text)
 

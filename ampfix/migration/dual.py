@@ -27,12 +27,12 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.analysis import is_const, method_call, receiver, string_value
-from ampfix.migration import Group, Refuse
+from ampfix.model.analysis import is_const, method_call, string_value
+from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.amp import apex_import_specs
 from ampfix.rule import ImportSpec
-from ampfix.rules._apex import apex_uses
-from ampfix.semantic import DEFS, dotted, walk
+from ampfix.model.apex import apex_uses
+from ampfix.model.semantic import dotted, walk
 
 APEX_WORDS = ("apex",)
 
@@ -96,7 +96,7 @@ class DualModule:
     def _native_path(self) -> bool:
         """The module (or one it imports a twin from) already has native AMP: autocast, GradScaler,
         torch.cuda.amp, a Native* wrapper class, or a "native" choice."""
-        from ampfix.analysis import AUTOCAST, GRADSCALER
+        from ampfix.model.analysis import AUTOCAST, GRADSCALER
 
         known = AUTOCAST | GRADSCALER
         for n in walk(self.m.tree, into_functions=True):
@@ -412,6 +412,6 @@ def _is_apex_import(x) -> bool:
 
 
 def _edit(a, b, text):
-    from ampfix.edits import Edit
+    from ampfix.model.edits import Edit
 
     return Edit(a, b, text)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
-from ampfix.analysis import exclusive, method_call
-from ampfix.semantic import DEFS, LOOPS, block_of, dotted, walk
+from ampfix.model.analysis import exclusive, method_call
+from ampfix.model.semantic import DEFS, LOOPS, block_of, dotted, walk
 
 #: calls that only prepare inputs (copies, casts, reshapes): a forward pass does not start there
 PREP_METHODS = {"to", "cuda", "float", "half", "long", "int", "bool", "contiguous", "view", "reshape", "permute",

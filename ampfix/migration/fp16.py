@@ -26,16 +26,16 @@ float32, autocast casts per op, and a GradScaler scales:
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
-from ampfix.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
-from ampfix.migration import Group, Refuse
+from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
+from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.amp import Rewriter, apex_import_specs
-from ampfix.migration.flow import follows, forward_region, guards, read, stmt_of
+from ampfix.migration.flow import follows, forward_region, guards, stmt_of
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
 from ampfix.rule import ImportSpec
-from ampfix.rules._apex import apex_uses
-from ampfix.semantic import DEFS, block_of, dotted, iter_statements, walk
+from ampfix.model.apex import apex_uses
+from ampfix.model.semantic import dotted, walk
 
 CTORS = {"apex.fp16_utils.FP16_Optimizer", "apex.optimizers.FP16_Optimizer", "apex.contrib.optimizers.FP16_Optimizer",
          "apex.contrib.optimizers.fp16_optimizer.FP16_Optimizer"}
@@ -166,7 +166,7 @@ class Fp16Plan(Rewriter):
                     cond = as_bool(self.code(pair.test), pair.test)
                     cond = cond[len("bool("):-1] if cond.startswith("bool(") else cond
                     if dyn == [False, True]:
-                        from ampfix.tidy import negate
+                        from ampfix.engine.tidy import negate
 
                         cond = negate(self.m.src, pair.test)
                     return ([f"init_scale=2.0**16 if {cond} else {init}",

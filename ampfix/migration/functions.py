@@ -19,13 +19,13 @@ from __future__ import annotations
 import ast
 from typing import Dict, List
 
-from ampfix.analysis import has_star, string_value
-from ampfix.migration import Group, Refuse, add_module_helper
+from ampfix.model.analysis import has_star, string_value
+from ampfix.migration.groups import Group, Refuse, add_module_helper
 from ampfix.migration.amp import FUNCTION_KINDS, kind_of
 from ampfix.migration.flow import stmt_of
 from ampfix.migration.spell import autocast_off
 from ampfix.rule import ImportSpec
-from ampfix.rules._apex import apex_uses
+from ampfix.model.apex import apex_uses
 
 #: ops autocast (CUDA) already runs in float32 / float16 (torch/csrc/autocast's op lists; a
 #: composite op such as einsum decomposes into matmul-like ops that autocast casts)

@@ -16,7 +16,7 @@ below 2.3 (the default follows the declared release unless ``target`` is set).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 NATIVE_AMP = (1, 6)
 TORCH_AUTOCAST = (1, 10)

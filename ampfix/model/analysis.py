@@ -1,7 +1,7 @@
 """Analysis helpers shared by rules: name tables, loops, autocast regions, tensor names.
 
 These know PyTorch's API, not any rule: rules combine them.  Everything here works on Python's
-``ast`` with the semantic model of :mod:`ampfix.semantic`; what depends on a function's own
+``ast`` with the semantic model of :mod:`ampfix.model.semantic`; what depends on a function's own
 names is computed per function (each function's locals are its own).
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from ampfix.semantic import DEFS, LOOPS, base_name, dotted, walk
+from ampfix.model.semantic import DEFS, LOOPS, base_name, dotted, walk
 
 AUTOCAST = {
     "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
@@ -20,9 +20,11 @@ CUDA_AMP_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.au
 GRADSCALER = {
     "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
     "torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
-    "torch.cpu.amp.GradScaler",
+    "torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler.GradScaler",
 }
 CUDA_AMP_GRADSCALER = {"torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"}
+CPU_AMP_AUTOCAST = {"torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast"}
+CPU_AMP_GRADSCALER = {"torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler.GradScaler"}
 DATAPARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                 "torch.nn.parallel.data_parallel.DataParallel"}
 DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}

@@ -9,7 +9,7 @@ after it (a ``with ...:`` header).  Lines that begin inside a string are never r
 Edits either nest (a child lies inside its region's kept part) or do not touch; anything else
 is a :class:`Conflict`.  Everything outside the edits stays byte for byte what it was.
 
-:class:`Builder` makes edits from ``ast`` nodes of one :class:`~ampfix.source.Source`:
+:class:`Builder` makes edits from ``ast`` nodes of one :class:`~ampfix.model.source.Source`:
 replace a node, remove, insert around or wrap whole statements, unwrap a block.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from ampfix.source import Source, line_starts, string_lines
+from ampfix.model.source import Source, line_starts, string_lines
 
 
 class Conflict(Exception):

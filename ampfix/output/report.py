@@ -6,8 +6,8 @@ import json
 from collections import Counter
 from typing import Dict, List, Sequence, TextIO
 
-from ampfix import __version__
-from ampfix.diagnostic import Diagnostic, FileResult
+from ampfix.version import __version__
+from ampfix.model.diagnostic import Diagnostic, FileResult
 
 FORMATS = ("concise", "full", "json", "github", "sarif", "gitlab")
 #: where each rule's documentation lives (relative to the repository; ``ampfix explain CODE`` prints it)
@@ -312,7 +312,7 @@ def write_diagnostics(results, diags, fmt: str, out: TextIO, color: bool = False
 
 
 def _read_lines(path: str) -> List[str]:
-    from ampfix.source import decode_text as decode
+    from ampfix.model.source import decode_text as decode
 
     try:
         with open(path, "rb") as fh:

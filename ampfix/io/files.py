@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -50,7 +49,7 @@ def _located(path: Path) -> Path:
     return Path(os.path.realpath(path.parent)) / path.name
 
 
-def _matches_any(path: Path, root: Path, patterns: Sequence[str]) -> bool:
+def matches_any(path: Path, root: Path, patterns: Sequence[str]) -> bool:
     try:
         rel = _located(path).relative_to(root.resolve()).as_posix()
     except ValueError:
@@ -70,6 +69,10 @@ def _git_root(start: Path) -> Optional[Path]:
         if (p / ".git").exists():
             return p
     return None
+
+
+#: suffixes of files that are never Python, even when named explicitly (a script without a suffix is)
+NOT_PYTHON = (".toml", ".txt", ".in", ".cfg", ".ini", ".yml", ".yaml", ".md", ".rst", ".json", ".lock")
 
 
 def discover(
@@ -102,8 +105,10 @@ def discover(
 
     for raw in paths:
         p = Path(raw)
+        if p.is_file() and p.suffix.lower() in NOT_PYTHON:
+            continue  # a dependency or config file named explicitly: the file rules read it
         if p.is_file() or (not p.exists() and p.suffix in SOURCES and not p.is_symlink()):
-            if _matches_any(p, root, exclude):
+            if matches_any(p, root, exclude):
                 continue
             if once(p):
                 yield p
@@ -189,11 +194,11 @@ def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore, problem
         if is_dir:
             if e.name in DEFAULT_EXCLUDES or e.name.endswith(".egg-info"):
                 continue
-            if _matches_any(path, root, exclude) or (local and _ignored(path, True, local)):
+            if matches_any(path, root, exclude) or (local and _ignored(path, True, local)):
                 continue
             yield from _walk(path, root, exclude, local, respect_gitignore, problems, visited)
         elif e.name.endswith(SOURCES):
-            if _matches_any(path, root, exclude) or (local and _ignored(path, False, local)):
+            if matches_any(path, root, exclude) or (local and _ignored(path, False, local)):
                 continue
             try:
                 regular = e.is_file()
@@ -203,3 +208,18 @@ def _walk(folder: Path, root: Path, exclude, ignores, respect_gitignore, problem
                 yield path
             else:
                 problems.append((str(path), _why_not_file(path)))
+
+
+def read_bytes(path: str):
+    """(bytes, None), or (None, why not): a FIFO or a device is not read (it would block)."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
+            return None, "not a regular file; skipped"
+        with open(path, "rb") as fh:
+            return fh.read(), None
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror or exc}"

@@ -17,10 +17,10 @@ import ast
 import os
 import re
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ampfix.semantic import Model, dotted, walk
-from ampfix.source import Source, SourceError
+from ampfix.model.semantic import Model, dotted, walk
+from ampfix.model.source import Source, SourceError
 
 FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -94,7 +94,7 @@ class Module:
     @property
     def sem(self) -> Model:
         if self._sem is None:
-            from ampfix.analysis import STAR_EXPORTS
+            from ampfix.model.analysis import STAR_EXPORTS
 
             self._sem = Model(self.src.tree, STAR_EXPORTS)
         return self._sem
@@ -217,8 +217,8 @@ class Project:
                 return None
         m = Module(path, src, editable)
         self.modules[path] = m
-        self._resolved_paths = getattr(self, "_resolved_paths", {})
-        self._resolved_paths[path] = str(Path(path).resolve())
+        self.resolved_paths = getattr(self, "resolved_paths", {})
+        self.resolved_paths[path] = str(Path(path).resolve())
         p = Path(path)
         if p.suffix == ".py" and p.parent.exists():
             root, parts = _package_root(p.resolve())
@@ -262,7 +262,7 @@ class Project:
         # a module read already whose path ends like the dotted name (the run's root may be
         # below the folder Python imports it from)
         tails = ("/" + "/".join(parts) + ".py", "/" + "/".join(parts) + "/__init__.py")
-        resolved = getattr(self, "_resolved_paths", {})
+        resolved = getattr(self, "resolved_paths", {})
         hits = [mm for pth, mm in self.modules.items()
                 if (resolved.get(pth) or str(Path(pth).resolve())).endswith(tails)]
         if len(hits) == 1:
@@ -395,7 +395,6 @@ class Project:
         """Index the calls of, and other references to, functions called ``name`` in every module
         read so far whose text names it (resolving may read more: they are indexed in turn).
         Only the nodes that end in ``name`` (or an alias imported for it) are resolved."""
-        import re
 
         pat = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
         while True:
@@ -431,7 +430,6 @@ class Project:
     def _load_mentioning(self, name: str) -> None:
         """Read the files given for this run (not read yet) whose text names ``name``: callers
         may live there (a script that calls a setup() and never mentions apex)."""
-        import re
 
         if not hasattr(self, "_unread"):
             loaded = {str(Path(p).resolve()) for p in self.modules}
@@ -526,6 +524,10 @@ class Project:
 
     #: ``runner(fn, items) -> [fn(item)]`` over worker processes (None: here, in order)
     runner = None
+    #: how the engine tries a planned rewrite in memory (apply, parse, self-check): a function
+    #: of one job that returns None or why the rewrite is refused; set by whoever builds the
+    #: project (the engine), so that planners need not import the engine
+    trial = None
 
     def map(self, fn, items: list) -> list:
         """``[fn(x) for x in items]``, in the run's worker processes when it has them (``fn``
@@ -538,251 +540,3 @@ class Project:
         if planner not in self._plans:
             self._plans[planner] = planner(self)
         return self._plans[planner]
-
-
-# ------------------------------------------------------------------------------ planning a run
-PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
-
-
-def project_root(paths: Sequence[str]) -> Optional[Path]:
-    """The folder a run's modules are imported from: the nearest ancestor of the files given that
-    holds a pyproject.toml, setup.py, setup.cfg or .git; else their common folder."""
-    if not paths:
-        return None
-    absolute = [Path(p).resolve() for p in paths]
-    try:
-        common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in absolute]))
-    except ValueError:
-        return None
-    for d in [common, *common.parents]:
-        if any((d / marker).exists() for marker in PROJECT_MARKERS):
-            return d
-    return common
-
-
-_WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "_Parts":
-    """The files of a run (resolved path -> bytes) joined wherever one may import another.
-
-    A file joins another whose module name (its stem, or its package's folder) it names, when
-    Python could import that one from it: from a folder above the first file whose folders down
-    to the other it names too (``import pkg.mod``, ``from .mod import f``, ``pkg.mod.f``), or
-    anywhere in the same project (an installed package, a src layout, ``sys.path`` edits, a
-    launcher's root).  More joins only make a part larger; the planner also joins parts whose
-    planning reads a file of another."""
-    parts = _Parts(texts)
-    top = str(root.resolve()) if root is not None else None
-    # a root without a project marker holds several projects (a folder of checkouts): its
-    # top-level folders are told apart, and only Python's own lookup joins across them
-    marked = root is not None and any((root / m).exists() for m in PROJECT_MARKERS)
-
-    def project_of(path: str) -> Optional[str]:
-        """The project that holds ``path``: "" under a marked root, else the top-level folder
-        under the root (None: a file at the root itself, or outside it)."""
-        if top is None or marked:
-            return ""
-        if not path.startswith(top + os.sep):
-            return None
-        rest = path[len(top) + 1:]
-        return rest.split(os.sep, 1)[0] if os.sep in rest else None
-
-    # module name -> project -> the files it names (a module's stem, a package's folder)
-    by_name: Dict[bytes, Dict[Optional[str], List[Path]]] = {}
-    projects = {}
-    for path in texts:
-        p = Path(path)
-        projects[path] = project_of(path)
-        name = (p.parent.name if p.stem == "__init__" else p.stem).encode("ascii", "replace")
-        by_name.setdefault(name, {}).setdefault(projects[path], []).append(p)
-    # in one project any file that names a module may import it: the files of one project
-    # with one module name go together
-    for groups in by_name.values():
-        for proj, files in groups.items():
-            if proj is not None:
-                for other in files[1:]:
-                    parts.join(str(files[0]), str(other))
-
-    for path, data in texts.items():
-        words = set(_WORD.findall(data))
-        mine = projects[path]
-        for name in words.intersection(by_name):
-            for proj, files in by_name[name].items():
-                if proj is not None and proj == mine:
-                    parts.join(path, str(files[0]))
-                    continue
-                if proj is not None and proj.encode("ascii", "replace") not in words:
-                    continue  # another project: importable only through its folder's name
-                for other in files:  # Python's lookup: a folder above `path`, then named folders
-                    folder = other.parent.parent if other.stem == "__init__" else other.parent
-                    while True:
-                        if path.startswith(os.path.join(str(folder), "")):
-                            parts.join(path, str(other))
-                            break
-                        if folder.name.encode("ascii", "replace") not in words or folder == folder.parent:
-                            break
-                        folder = folder.parent
-    return parts
-
-
-class _Parts:
-    """Union-find over the files of a run."""
-
-    def __init__(self, files) -> None:
-        self.up = {f: f for f in files}
-
-    def find(self, f: str) -> str:
-        while self.up[f] != f:
-            self.up[f] = self.up[self.up[f]]
-            f = self.up[f]
-        return f
-
-    def join(self, a: str, b: str) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.up[max(ra, rb)] = min(ra, rb)
-
-    def members(self, root: str) -> List[str]:
-        return sorted(f for f in self.up if self.find(f) == root)
-
-
-_NAMES_INIT = re.compile(rb"(?<![A-Za-z0-9_])(?:initialize|init)(?![A-Za-z0-9_])")
-
-
-def part_keys(jobs, texts, digests, planned, key):
-    """For the result cache: (path -> the key of its part's plan, for every file of a part that
-    holds a planned file; part key -> a signature of the other parts' files that name
-    ``initialize`` or ``init``, which a plan may read: is apex initialized anywhere)."""
-    import hashlib
-
-    named: Dict[str, str] = {}
-    rtexts: Dict[str, bytes] = {}
-    for p, _ in jobs:
-        if not p.endswith(".py") or p not in texts:
-            continue
-        r = str(Path(p).resolve())
-        if r not in named:
-            named[r], rtexts[r] = p, texts[p]
-    parts = import_components(rtexts, project_root([p for p, _ in jobs]))
-    codes = dict(jobs)
-    tops = sorted({parts.find(r) for r in (str(Path(p).resolve()) for p, _ in planned) if r in rtexts})
-    naming = sorted(r for r, data in rtexts.items() if _NAMES_INIT.search(data))
-    part_of: Dict[str, str] = {}
-    outside: Dict[str, str] = {}
-    members_of: Dict[str, List[str]] = {}
-    for f in rtexts:
-        members_of.setdefault(parts.find(f), []).append(f)
-    for top in tops:
-        members = sorted(members_of[top])
-        k = key(sorted((named[m], tuple(codes[named[m]]), digests[named[m]]) for m in members))
-        others = [(named[r], digests[named[r]]) for r in naming if parts.find(r) != top]
-        outside[k] = hashlib.sha256(repr(others).encode("utf-8", "surrogatepass")).hexdigest()
-        for m in members:
-            part_of[named[m]] = k
-    return part_of, outside, parts
-
-
-def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, report=None,
-                  parts=None) -> Dict[str, object]:
-    """path -> its FilePlan, for the files that planners look at (those whose text names apex).
-
-    Files without apex are checked on their own.  The others are planned by parts: the files
-    of the run (``given``) joined by what may import what, each part that has an apex file
-    planned as a whole, one after the other, so that memory holds one part's trees at a time.
-    A part whose planning reads a file of another part is joined with it and planned again: a
-    migration spanning modules is always decided as a whole.  Only the small per-file plans
-    travel to the worker processes.  ``read``: the bytes of the files, where the caller has them.
-    ``report`` (a list) receives, for each part planned, (its files as given, its plans, whether
-    they depend on the text of other parts: a project-wide question such as "is apex
-    initialized anywhere").  ``parts``: the run's parts, where the caller worked them out."""
-    from ampfix.engine import _read
-
-    if not planners:
-        return {}
-    given = list(jobs if given is None else given)  # every file of the run: callers may be there
-    named = {}
-    texts: Dict[str, bytes] = {}
-    for path, _ in given:
-        if not path.endswith(".py"):
-            continue
-        real = str(Path(path).resolve())
-        if real in named:
-            continue
-        data = (read or {}).get(path)
-        if data is None:
-            data, err = _read(path)
-            if data is None:
-                continue
-        named[real], texts[real] = path, data
-    asked = {str(Path(p).resolve()) for p, _ in jobs if b"apex" in texts.get(str(Path(p).resolve()), b"")}
-    if not asked:
-        return {}
-    # the apex files of every part (a part joined with one asked for brings its own)
-    apex = asked | {r for r, data in texts.items() if b"apex" in data}
-    root = project_root([p for p, _ in given])
-    if parts is None:
-        parts = import_components(texts, root)
-    pending = sorted({parts.find(a) for a in asked})
-    done: Dict[str, Dict[str, object]] = {}
-    run_files = set(texts)
-    while pending:
-        # the parts are independent: with worker processes, they are planned there, side by
-        # side (the largest first); here, one after the other
-        batch = sorted(pending, key=lambda t: (-len(parts.members(t)), t))
-        pending = []
-        jobs_ = [(members, [m for m in members if m in apex], {m: named[m] for m in members},
-                  {m: texts[m] for m in members}, settings, tuple(planners), root, run_files)
-                 for members in (parts.members(t) for t in batch)]
-        if runner is not None and len(jobs_) > 1:
-            got = runner(_plan_part_job, jobs_)
-        else:
-            got = [_plan_part(*job, runner=runner) for job in jobs_]
-        joined = set()
-        for top, job, (plans, read, other) in zip(batch, jobs_, got):
-            outside = sorted(r for r in read if r in texts and parts.find(r) != parts.find(top))
-            if outside:  # it needs files of other parts: those parts and this one are one
-                for r in outside:
-                    parts.join(top, r)
-                joined.add(parts.find(top))
-                continue
-            done[top] = (job[0], plans, other)  # (its files, its plans, asked the other parts)
-        if joined:  # a part joined with another is planned again, as one, whatever was planned of it
-            stale = [k for k, (members, _, _) in done.items() if parts.members(parts.find(k)) != members]
-            pending = sorted({parts.find(t) for t in joined} | {parts.find(k) for k in stale})
-            for k in stale:
-                del done[k]
-    if report is not None:
-        report.extend(([named[m] for m in members], plans, other) for members, plans, other in done.values())
-    done = {k: v[1] for k, v in done.items()}
-    out: Dict[str, object] = {}
-    for top in sorted(done):
-        for path, fp in done[top].items():
-            out[path] = fp if path not in out else out[path].merged(fp)
-    return out
-
-
-def _plan_part_job(job):
-    return _plan_part(*job)
-
-
-def _plan_part(members, apex, named, texts, settings, planners, root, run_files, runner=None):
-    """(plans, resolved paths of every module read, whether the plans depend on other parts)
-    for one part of the run: its files (resolved paths), those that name apex, their names as
-    given and their bytes."""
-    sources = {}
-    for real in apex:
-        try:
-            sources[named[real]] = Source(texts[real], named[real])
-        except SourceError:
-            continue
-    if not sources:
-        return {}, set(), False
-    project = Project(sources, settings, root=root, given=[named[r] for r in members], run_files=run_files)
-    project.runner = runner
-    plans: Dict[str, object] = {}
-    for planner in planners:
-        for path, fp in planner(project).items():
-            plans[path] = fp if path not in plans else plans[path].merged(fp)
-    read = {project._resolved_paths.get(p) or str(Path(p).resolve()) for p in project.modules}
-    return plans, read | project.foreign, project.asked_other_parts

@@ -1,7 +1,7 @@
 """Files that are not Python but belong to the migration: dependency and environment files.
 
-Which files: those that a file rule names (``FileRule.files``), in the folders given and at the
-project's root.  Each is read whole, checked by the file rules that match its name, and fixed by
+Which files: those that a file rule names (``FileRule.files``), in the folders given (and their
+usual subfolders) or named explicitly: never a file above what was asked for.  Each is read whole, checked by the file rules that match its name, and fixed by
 dropping the lines a rule reports removable (a line is a whole entry in these files); the result
 is kept only if every rule that matched accepts it as well formed.
 """
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from ampfix.diagnostic import Diagnostic, FileResult
+from ampfix.model.diagnostic import Diagnostic, FileResult
 from ampfix.rule import Facts, FileRule
 
 #: folders under a project where these files live, besides the root
@@ -23,9 +23,10 @@ def file_rules(rules: Iterable[type]) -> List[type]:
 
 
 def discover(paths: Sequence[str], root: Optional[Path], rules: Sequence[type], exclude=()) -> List[Path]:
-    """The files the file rules read: under each folder given (as the Python walk sees them), and
-    at the project root with its usual subfolders.  A file named explicitly counts too."""
-    from ampfix.files import _matches_any
+    """The files the file rules read: in each folder given and its usual subfolders, and each file
+    named explicitly.  ``root`` anchors the exclude patterns; a file above the paths given (the
+    project's own pyproject.toml when ``src/`` was asked for) is not read."""
+    from ampfix.io.files import matches_any
 
     if not rules:
         return []
@@ -37,7 +38,7 @@ def discover(paths: Sequence[str], root: Optional[Path], rules: Sequence[type], 
                 return
         except OSError:  # a symlink loop: the Python walk reports it
             return
-        if any(r.matches(p.name) for r in rules) and not _matches_any(p, root or Path.cwd(), exclude):
+        if any(r.matches(p.name) for r in rules) and not matches_any(p, root or Path.cwd(), exclude):
             found.setdefault(os.path.realpath(p), p)
 
     folders = []
@@ -48,7 +49,7 @@ def discover(paths: Sequence[str], root: Optional[Path], rules: Sequence[type], 
         else:
             consider(p)
     if folders:
-        for folder in [*folders, *([] if root is None else [root])]:
+        for folder in folders:
             for d in [folder, *(folder / s for s in _SUBDIRS)]:
                 try:
                     entries = sorted(os.scandir(d), key=lambda e: e.name)
@@ -80,7 +81,7 @@ def check(files: Sequence[Path], codes_for, rules: Sequence[type], python: Dict[
         try:
             data = path.read_bytes()
             text = data.decode("utf-8")
-            from ampfix.writer import digest
+            from ampfix.io.writer import digest
 
             result.digest = digest(data)
         except (OSError, UnicodeDecodeError) as exc:

@@ -30,7 +30,7 @@ def default_dir() -> Path:
 
 class Cache:
     def __init__(self, folder: Optional[Path] = None) -> None:
-        from ampfix import __version__
+        from ampfix.version import __version__
 
         self.folder = (folder or default_dir()) / f"v{__version__}"
         self.version = __version__

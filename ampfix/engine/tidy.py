@@ -6,16 +6,16 @@ fail (its handlers are dead code then).  A function, loop or ``with`` keeps a ``
 ``try: pass`` or ``if x: pass`` is ever left.
 
 A ``try`` whose handlers bind a name that the rest of the module still reads, and that nothing
-else binds, is not removed: :class:`~ampfix.edits.Conflict` says why.
+else binds, is not removed: :class:`~ampfix.model.edits.Conflict` says why.
 """
 from __future__ import annotations
 
 import ast
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-from ampfix.edits import Builder, Conflict, Edit, apply_edits
-from ampfix.semantic import Model, block_of, iter_statements, walk
-from ampfix.source import Source
+from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
+from ampfix.model.semantic import Model, block_of, iter_statements, walk
+from ampfix.model.source import Source
 
 PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
 
@@ -45,9 +45,9 @@ def negate(src: Source, expr) -> str:
 
 def _comment_of_line(text: str, no: int, src) -> Optional[str]:
     """The comment on a line (outside strings), or None."""
-    from ampfix.engine import _comment_of
+    from ampfix.engine.noqa import comment_of
 
-    return _comment_of(text, False)
+    return comment_of(text, False)
 
 
 def names_bound(stmts: Iterable[ast.stmt]) -> Set[str]:
@@ -421,7 +421,7 @@ def dead_import_guards(src: Source, model: Model, builder: Builder) -> List[Edit
 
 
 def _name_of(node) -> Optional[str]:
-    from ampfix.semantic import dotted
+    from ampfix.model.semantic import dotted
 
     d = dotted(node)
     return d.split(".")[-1] if d else None

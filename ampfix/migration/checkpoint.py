@@ -264,12 +264,27 @@ class Converter:
 
 
 def convert_file(old: str, new: str, model_key: Optional[str] = None) -> List[str]:
+    """Read OLD, convert, write NEW; every failure is a ConvertError with one line to show."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(new))
+    if not os.path.isdir(folder):
+        raise ConvertError(f"{new}: the folder {folder} does not exist")
+    obj = load_old(old)  # says so when torch is missing
     import torch
 
-    obj = load_old(old)
     conv = Converter(model_key)
     out = conv.convert(obj)
     if not conv.report:
         raise ConvertError(f"{old}: no apex state found (no amp loss scaler, no FP16_Optimizer): nothing to convert")
-    torch.save(out, new)
+    tmp = f"{new}.ampfix-tmp"
+    try:
+        torch.save(out, tmp)
+        os.replace(tmp, new)
+    except (OSError, RuntimeError) as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ConvertError(f"{new}: cannot write: {exc}") from None
     return conv.report

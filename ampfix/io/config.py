@@ -13,7 +13,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ampfix.registry import all_rules
-from ampfix.settings import TARGETS, Settings, parse_version
+from ampfix.model.settings import TARGETS, Settings, parse_version
 
 KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
@@ -126,7 +126,7 @@ def with_pinned_torch(cfg: "Config", start: Path) -> "Config":
     """When nothing set torch-version, the release the project's dependency files pin."""
     if cfg.settings.torch_version_source != "default":
         return cfg
-    from ampfix.deps import find_torch_pin
+    from ampfix.io.deps import find_torch_pin
 
     found = find_torch_pin(project_dir(start))
     if found is not None:

@@ -1,6 +1,6 @@
 """What a project planner hands to the rules of one file.
 
-A planner (a rule's ``planner`` attribute: a function of the :class:`~ampfix.project.Project`)
+A planner (a rule's ``planner`` attribute: a function of the :class:`~ampfix.project.graph.Project`)
 decides migrations that span functions and modules before anything is edited.  For each file it
 returns a :class:`FilePlan`: the fix to attach to the diagnostic at a position, and the reason
 a part was left alone.  Plans are small and picklable: they travel to the worker processes,

@@ -1,0 +1,168 @@
+"""What one migration group changes: :class:`Group` (everything that must change together),
+:class:`FileChanges` (its edits to one module) and :class:`Refuse` (why it cannot be done)."""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from ampfix.model.edits import Builder, Conflict, Edit
+from ampfix.rule import ImportSpec
+from ampfix.engine.tidy import Remover
+
+
+class Refuse(Exception):
+    """The group cannot be migrated with confidence: the reason, for the person."""
+
+
+class FileChanges:
+    """The edits one group makes to one module."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.src = module.src
+        self.b = Builder(module.src)
+        self._inserts: Dict[Tuple[int, str], List[str]] = {}  # (offset, indent) -> lines, in order
+        self.edits: List[Edit] = []
+        self.removed: List[ast.stmt] = []
+        self.adds: List[ImportSpec] = []
+        self.removes: List[ImportSpec] = []
+        self.touched: Set[int] = set()  # id of statements replaced or removed
+
+    def _claim(self, node) -> None:
+        if id(node) in self.touched:
+            raise Refuse(f"line {node.lineno} would be rewritten twice")
+        self.touched.add(id(node))
+
+    def replace(self, node, text: str) -> None:
+        self._claim(node)
+        self.edits.append(self.b.replace(node, text))
+
+    def replace_statement(self, stmt, lines: Sequence[str]) -> None:
+        self._claim(stmt)
+        self.edits.append(self._safe(lambda: self.b.replace_statement(stmt, lines)))
+
+    def insert_before(self, stmt, lines: Sequence[str]) -> None:
+        at = self.src.starts[self.b.first_line(stmt) - 1]
+        self._inserts.setdefault((at, self.b.indent(stmt)), []).extend(lines)
+
+    def insert_after(self, stmt, lines: Sequence[str], indent: Optional[str] = None) -> None:
+        if not self.b.own_lines(stmt):
+            raise Refuse(f"line {stmt.end_lineno} holds more than one statement")
+        at = self.src.line_end(stmt.end_lineno)
+        self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
+
+    def remove(self, stmt) -> None:
+        self._claim(stmt)
+        self.removed.append(stmt)
+
+    def wrap(self, first, last, header: str) -> None:
+        self.edits.append(self._safe(lambda: self.b.wrap(first, last, header)))
+
+    def unwrap(self, compound, body) -> None:
+        self.edits.append(self._safe(lambda: self.b.unwrap(compound, body)))
+
+    def _safe(self, make):
+        try:
+            return make()
+        except Conflict as exc:
+            raise Refuse(str(exc)) from None
+
+    def finish(self) -> List[Edit]:
+        edits = list(self.edits)
+        text = self.src.text
+        for (at, indent), lines in self._inserts.items():
+            body = self.b.statements(lines, indent)
+            if at == len(text) and text and not text.endswith(("\n", "\r")):
+                body = self.b.nl + body
+            edits.append(Edit(at, at, body))
+        if self.removed:
+            try:
+                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed)
+            except Conflict as exc:
+                raise Refuse(str(exc)) from None
+            points = sorted(at for at, _ in self._inserts)
+            for r in removals:
+                # a removal that also takes the blank lines above its statement stops where
+                # something is inserted (the scaler made before a guard that goes)
+                inside = [at for at in points if r.start < at < r.end and not r.text]
+                if inside and not r.region:
+                    cut = max(inside)
+                    if not self.src.text[r.start:cut].strip():
+                        r = Edit(cut, r.end, r.text)
+                edits.append(r)
+        return edits
+
+
+def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
+    """A helper function the migration needs, once per module, after its top imports (before
+    any use at module level)."""
+    done = getattr(fc, "helpers", None)
+    if done is None:
+        done = fc.helpers = set()
+    if key in done:
+        return
+    done.add(key)
+    body = module.tree.body
+    i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
+    last = None
+    while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _only_imports(body[i])):
+        last = body[i]
+        i += 1
+    lines = text.rstrip("\n").split("\n")
+    if last is not None:
+        src = module.src
+        no, blanks = last.end_lineno + 1, 0
+        while no <= src.line_count and not src.line_text(no).strip():
+            blanks, no = blanks + 1, no + 1
+        pad = ["", ""][:max(0, 2 - blanks)] if no <= src.line_count else []
+        fc.insert_after(last, ["", "", *lines, *pad], indent="")
+    elif i < len(body):
+        fc.insert_before(body[i], [*lines, "", ""])
+    else:
+        raise Refuse("the module has no statement to put a helper before")
+
+
+def _only_imports(node) -> bool:
+    from ampfix.model.semantic import iter_statements
+
+    if not isinstance(node, (ast.Try, ast.If)):
+        return False
+    inner = list(iter_statements([node]))[1:]
+    return bool(inner) and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Pass, ast.Raise, ast.Assign, ast.Expr))
+                               for x in inner)
+
+
+class Group:
+    """What changes together; ``uses`` are the apex nodes (per path) its fix resolves."""
+
+    def __init__(self, gid: str, kind: str) -> None:
+        self.id = gid
+        self.kind = kind
+        self.changes: Dict[str, FileChanges] = {}
+        self.uses: Dict[str, List[ast.AST]] = {}
+        self.notes: Set[str] = set()
+        self.description = ""
+        self.refusal: Optional[str] = None
+        self.first_use: Optional[Tuple[str, ast.AST]] = None
+        #: nodes of files the group edits without an apex use there (a call that now passes the
+        #: scaler), with what to say about them
+        self.anchors: Dict[str, List[Tuple[ast.AST, str]]] = {}
+        self.note_at_anchor: Optional[str] = None  # said with the anchor use when rewritten
+
+    def file(self, module) -> FileChanges:
+        fc = self.changes.get(module.path)
+        if fc is None:
+            if not module.editable:
+                raise Refuse(f"{module.path} takes part but was not among the files given: run ampfix on the "
+                             f"whole project")
+            fc = self.changes[module.path] = FileChanges(module)
+        return fc
+
+    def add_use(self, path: str, node) -> None:
+        self.uses.setdefault(path, []).append(node)
+        if self.first_use is None:
+            self.first_use = (path, node)
+
+    @property
+    def paths(self) -> List[str]:
+        return sorted(set(self.uses) | set(self.changes) | set(self.anchors))

@@ -1,0 +1,142 @@
+"""The migration of a project: every planner's groups, each group's rewrite tried in memory by
+the engine (``project.trial``), then one :class:`~ampfix.project.plan.FilePlan` per file."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from ampfix.migration.groups import Group, Refuse
+from ampfix.project.plan import FilePlan
+from ampfix.rule import Fix
+
+
+def plan(project) -> Dict[str, FilePlan]:
+    """The migration of a project: path -> FilePlan (the fixes and notes of its apex uses)."""
+    from ampfix.migration.amp import AmpPlanner
+    from ampfix.migration.dual import DualPlanner
+    from ampfix.migration.fp16 import Fp16Planner
+    from ampfix.migration.functions import FunctionApiPlanner
+
+    groups: List[Group] = []
+    # the apex path of a program that has a native one goes first; what it removes is skipped
+    dual = DualPlanner(project)
+    try:
+        groups.extend(dual.groups())
+    except Exception as exc:  # a planner bug: nothing of it, the others go on
+        dual.dead = set()
+    project.skip = dual.dead
+    for planner in (AmpPlanner, Fp16Planner, FunctionApiPlanner):
+        try:
+            groups.extend(planner(project).groups())
+        except Exception as exc:  # a planner bug refuses what it planned, and the run goes on
+            g = Group(f"{planner.__name__}:error", "error")
+            g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+            for m in project.modules.values():
+                if m.editable and "apex" in m.src.text:
+                    uses = _apex_nodes(m)
+                    for n in uses[:1]:
+                        g.add_use(m.path, n)
+            groups.append(g)
+    # each group's rewrite is tried on copies of its files (in the worker processes, when the
+    # run has them: the tries are independent of each other)
+    tries: List[tuple] = []
+    owners: List[Group] = []
+    for g in groups:
+        if g.refusal is None:
+            g.refusal = _suppressed(project, g)
+        if g.refusal is not None:
+            continue
+        try:
+            mine = rewrites(project, g)
+        except Refuse as exc:
+            g.refusal = str(exc)
+            continue
+        except Exception as exc:  # a bug: the group is left whole, the run goes on
+            g.refusal = f"ampfix could not check this rewrite ({type(exc).__name__}: {exc}); please report it"
+            continue
+        tries.extend(mine)
+        owners.extend([g] * len(mine))
+    for g, outcome in zip(owners, project.map(project.trial, tries)):
+        if outcome is not None and g.refusal is None:
+            g.refusal = outcome
+    out: Dict[str, FilePlan] = {}
+    for g in groups:
+        _emit(project, g, out)
+    for path, nodes in getattr(project, "uninitialized", {}).items():
+        fp = out.setdefault(path, FilePlan(path))
+        for n in nodes:
+            fp.flags[(n.lineno, n.col_offset)] = "uninitialized"
+    return out
+
+
+def _apex_nodes(m) -> list:
+    from ampfix.model.apex import apex_uses
+
+    return [n for n, _ in apex_uses(m.sem, m.tree)]
+
+
+def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
+    others = [p for p in g.paths]
+    for path in g.paths:
+        fp = out.setdefault(path, FilePlan(path))
+        uses = g.uses.get(path, [])
+        if g.refusal is not None:
+            if uses:
+                where = ""
+                if len(others) > 1:
+                    where = " (with " + ", ".join(o for o in others if o != path) + ")"
+                # a noqa'd use reports nothing: then every use carries the reason
+                for u in (uses if g.refusal.startswith("line ") and "noqa" in g.refusal else uses[:1]):
+                    fp.notes[(u.lineno, u.col_offset)] = f"not rewritten{where}: {g.refusal}"
+            continue
+        fc = g.changes.get(path)
+        if fc is None:
+            continue
+        desc = g.description + (" (" + "; ".join(sorted(g.notes)) + ")" if g.notes else "")
+        fix = Fix(desc, fc.final_edits, add_imports=list(dict.fromkeys(fc.adds)),
+                  remove_imports=list(dict.fromkeys(fc.removes)), group=g.id)
+        for u in uses:
+            fp.fixes[(u.lineno, u.col_offset)] = fix
+        if not uses:
+            # a file the group edits without an apex use of its own (a caller that now passes
+            # the scaler): the planner reports there itself, with the fix
+            from ampfix.project.plan import PlannedReport
+
+            src = fc.src
+            for i, (node, msg) in enumerate(g.anchors.get(path, [])):
+                fp.reports.append(PlannedReport(node.lineno, src.char_col(node.lineno, node.col_offset),
+                                                node.end_lineno, src.char_col(node.end_lineno, node.end_col_offset),
+                                                msg, fix if i == 0 else None))
+        if g.note_at_anchor and uses:
+            fp.notes[(uses[0].lineno, uses[0].col_offset)] = g.note_at_anchor
+
+
+def rewrites(project, g: Group) -> List[tuple]:
+    """The group's edits of each file, as self-contained tries for :func:`try_rewrite`."""
+    out = []
+    for path, fc in g.changes.items():
+        edits = fc.finish()
+        fc.final_edits = edits
+        if not any("torch." in e.text or "torch." in e.before for e in edits):
+            fc.adds = [a for a in fc.adds if a.module != "torch"]
+        out.append((path, fc.src.text, g.description, edits, list(fc.adds), list(fc.removes), g.id,
+                    project.settings))
+    return out
+
+
+def _suppressed(project, g: Group):
+    """Why the group is left alone when a ``# noqa`` covers one of its apex uses (bare, or naming
+    an apex rule: AMP1xx), as ruff leaves a fix on a noqa'd line; else None.  The group is all or
+    nothing, so one such line keeps every file of it as it is."""
+    from ampfix.engine.noqa import Suppressions
+
+    for path in sorted(g.uses):
+        m = project.module(path)
+        if m is None:
+            continue
+        sup = Suppressions(m.src)
+        for node in g.uses[path]:
+            codes = sup.noqa.get(node.lineno, False)
+            if codes is None or (codes and any(c.startswith("AMP1") for c in codes)):
+                what = "`# noqa`" if codes is None else "`# noqa: " + ", ".join(sorted(codes)) + "`"
+                return f"line {node.lineno} of {path} has {what}: the migration it belongs to is left alone"
+    return None
