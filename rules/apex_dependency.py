@@ -12,6 +12,49 @@ _BUILD = re.compile(r"(?:github\.com[/:]NVIDIA/apex|(?:pip|pip3|conda)\s+install
 #: an entry alone on its line in a list (pyproject, setup.py, setup.cfg, environment.yml)
 _ALONE = re.compile(r"""^\s*(?:-\s+)?(?:["'][^"']*["']|[^\s"',#]+)\s*,?\s*(?:#.*)?$""")
 _POETRY = re.compile(r"""^\s*["']?apex["']?\s*=""", re.I)
+#: a PEP 508 requirement: its name, then extras, a version, a marker or a URL
+_REQUIREMENT = re.compile(r"""^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*(?:$|[<>=!~;@(])""")
+
+
+def _is_apex_requirement(req: str) -> bool:
+    """Whether a requirement string (PEP 508, or a bare git URL) names apex."""
+    if _GIT.search(req) and req.strip().lower().startswith(("git+", "https://", "http://", "apex")):
+        return True
+    m = _REQUIREMENT.match(req)
+    return bool(m) and m.group(1).lower().replace("_", "-") == "apex"
+
+
+def _pyproject_apex(text: str):
+    """The apex entries of a pyproject.toml read as data: {the requirement strings of
+    [project] dependencies, optional-dependencies, dependency-groups and build-system requires
+    that name apex}, and whether Poetry's dependency tables have an `apex` key.  None when the
+    file is not valid TOML (nothing is reported from a file that cannot be read as data)."""
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import tomli as tomllib
+    try:
+        doc = tomllib.loads(text)
+    except Exception:
+        return None
+    reqs = []
+    project = doc.get("project") if isinstance(doc.get("project"), dict) else {}
+    reqs += project.get("dependencies") or []
+    for group in (project.get("optional-dependencies") or {}).values():
+        reqs += group if isinstance(group, list) else []
+    for group in (doc.get("dependency-groups") or {}).values():
+        reqs += group if isinstance(group, list) else []
+    build = doc.get("build-system") if isinstance(doc.get("build-system"), dict) else {}
+    reqs += build.get("requires") or []
+    poetry = ((doc.get("tool") or {}).get("poetry") or {}) if isinstance(doc.get("tool"), dict) else {}
+    tables = [poetry.get("dependencies") or {}, poetry.get("dev-dependencies") or {}]
+    tables += [(g or {}).get("dependencies") or {} for g in (poetry.get("group") or {}).values() if isinstance(g, dict)]
+    in_poetry = any(isinstance(tb, dict) and any(k.lower() == "apex" for k in tb) for tb in tables)
+    return {r for r in reqs if isinstance(r, str) and _is_apex_requirement(r)}, in_poetry
+
+
+def _quoted(line: str):
+    return [a or b for a, b in re.findall(r'"([^"\\]*)"|\'([^\']*)\'', line)]
 
 
 class ApexDependency(FileRule):
@@ -59,6 +102,10 @@ class ApexDependency(FileRule):
 
     VALID = [
         Valid("torch>=1.13\napex-utils==1.0\n", filename="requirements.txt"),
+        Valid('[project]\nname = "x"\ndescription = "Helpers for migrating away from apex"\n'
+              'keywords = ["apex", "amp"]\ndependencies = ["torch"]\n', filename="pyproject.toml"),
+        Valid('from setuptools import setup\nsetup(name="x", description="replaces apex",\n'
+              '      install_requires=["torch"])\n', filename="setup.py"),
         Valid("RUN pip install torch\n", filename="Dockerfile"),
     ]
     INVALID = [
@@ -69,6 +116,11 @@ class ApexDependency(FileRule):
         Invalid('[project]\ndependencies = [\n  "torch",\n  "apex @ git+https://github.com/NVIDIA/apex",\n]\n',
                 filename="pyproject.toml", message="May 2025",
                 project={"train.py": "from apex import amp\n"}),
+        Invalid('[tool.poetry.dependencies]\npython = "^3.9"\napex = {git = "https://github.com/NVIDIA/apex"}\n',
+                filename="pyproject.toml", expected='[tool.poetry.dependencies]\npython = "^3.9"\n',
+                project={"train.py": "import torch\n"}),
+        Invalid('[project.optional-dependencies]\nfast = [\n  "apex>=0.1",\n]\n', filename="pyproject.toml",
+                message="dependency", project={"train.py": "from apex import amp\n"}),
         Invalid("RUN git clone https://github.com/NVIDIA/apex && cd apex && pip install -v .\n",
                 filename="Dockerfile", message="Dockerfile", project={"train.py": "import torch\n"}),
     ]
@@ -78,7 +130,22 @@ class ApexDependency(FileRule):
         docker = "ockerfile" in name
         readme = name.upper().startswith("README")
         state = facts.cached("apex-imports", lambda: _apex_imports(facts.python))
+        toml = _pyproject_apex(text) if name == "pyproject.toml" else None
+        if name == "pyproject.toml" and toml is None:
+            return  # not valid TOML: its dependencies cannot be read as data
+        table = ""
         for no, line in enumerate(text.splitlines(), start=1):
+            if toml is not None:
+                header = re.match(r"^\s*\[\[?\s*([^\]]+?)\s*\]", line)
+                if header:
+                    table = header.group(1)
+                    continue
+                entry = self._toml_entry(line, table, *toml)
+                if entry is None:
+                    continue
+                yield FileFinding(no, _col(line), "NVIDIA apex is a dependency here" + _state(state, facts, by_hand=not entry),
+                                  entry and not state["imports"], "the apex entry goes (no file imports apex any more)")
+                continue
             if docker or readme:
                 if not _BUILD.search(line) and not (readme and _GIT.search(line)):
                     continue
@@ -97,6 +164,18 @@ class ApexDependency(FileRule):
                               "the apex entry goes (no file imports apex any more)")
 
     @staticmethod
+    def _toml_entry(line: str, table: str, reqs, in_poetry: bool):
+        """Like :meth:`_entry`, for a line of a pyproject.toml whose apex requirements were read as
+        data: a line holding one of them as a string (alone: removable), or Poetry's `apex = ...`."""
+        code = line.split("#", 1)[0]
+        if in_poetry and table.startswith("tool.poetry") and table.endswith("dependencies") and _POETRY.match(code):
+            return True
+        strings = _quoted(code)
+        if not any(s in reqs for s in strings):
+            return None
+        return len(strings) == 1 and bool(_ALONE.match(code))
+
+    @staticmethod
     def _entry(name: str, line: str):
         """None: the line does not name apex; True: it is an apex entry alone on its line (it can
         go); False: apex is named inside a longer line (a person edits it)."""
@@ -106,8 +185,8 @@ class ApexDependency(FileRule):
         if not (re.search(r"""["'\s-]apex\b(?![.\w-])""", " " + code, re.I) or _GIT.search(code)):
             return None
         if name.endswith(".py"):
-            # a string "apex..." in setup.py: an entry if alone on its line
-            if not re.search(r"""["']\s*(?:apex\b(?![.\w-])|git\+\S*NVIDIA/apex)""", code, re.I):
+            # a requirement string "apex..." in setup.py: an entry if alone on its line
+            if not any(_is_apex_requirement(s) for s in _quoted(code)):
                 return None
             return bool(_ALONE.match(line))
         if name == "pyproject.toml" and _POETRY.match(code):

@@ -1,8 +1,9 @@
 import ast
 
-from ampfix.analysis import CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER, bound_by_imports, import_spec
+from ampfix.model.analysis import (CPU_AMP_AUTOCAST, CPU_AMP_GRADSCALER, CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER,
+                                   bound_by_imports, import_spec)
 from ampfix.rule import Fix, ImportSpec, Invalid, Rule, Valid
-from ampfix.semantic import base_name
+from ampfix.model.semantic import base_name
 
 CUSTOM = {"torch.cuda.amp.custom_fwd": "custom_fwd", "torch.cuda.amp.custom_bwd": "custom_bwd",
           "torch.cuda.amp.autocast_mode.custom_fwd": "custom_fwd",
@@ -13,13 +14,15 @@ class DeprecatedCudaAmp(Rule):
     """
     ## What it does
     Reports the `torch.cuda.amp` spellings `autocast(...)`, `GradScaler(...)`, `custom_fwd`
-    and `custom_bwd`, when the project targets `torch.amp` (the default), and rewrites them to
-    `torch.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda", ...)` and
+    and `custom_bwd`, and the `torch.cpu.amp` spellings `autocast(...)` and `GradScaler(...)`,
+    when the project targets `torch.amp` (the default), and rewrites them to
+    `torch.autocast("cuda", ...)` / `torch.autocast("cpu", ...)`,
+    `torch.amp.GradScaler("cuda", ...)` / `torch.amp.GradScaler("cpu", ...)` and
     `torch.amp.custom_fwd(device_type="cuda", ...)`, fixing the imports.
 
     ## Why is this bad?
-    Since torch 2.4 the `torch.cuda.amp` entry points emit a FutureWarning on every call and
-    are slated for removal; `torch.amp` has had the device-generic API since 2.3.
+    Since torch 2.4 the `torch.cuda.amp` and `torch.cpu.amp` entry points emit a FutureWarning on
+    every call and are slated for removal; `torch.amp` has had the device-generic API since 2.3.
 
     ## Example
     ```python
@@ -40,7 +43,7 @@ class DeprecatedCudaAmp(Rule):
 
     code = "AMP202"
     name = "deprecated-cuda-amp"
-    summary = "torch.cuda.amp.autocast/GradScaler/custom_fwd are deprecated spellings of torch.amp"
+    summary = "torch.cuda.amp / torch.cpu.amp autocast, GradScaler, custom_fwd are deprecated spellings of torch.amp"
     fix_kind = "safe"
     since = "2.3"
     triggers = ("amp",)
@@ -128,22 +131,30 @@ class DeprecatedCudaAmp(Rule):
             """,
         ),
         Invalid("from torch.cuda.amp import GradScaler\nisinstance(s, GradScaler)\n", message="no automatic fix"),
+        Invalid("import torch\nwith torch.cpu.amp.autocast(dtype=torch.bfloat16):\n    pass\n",
+                expected='import torch\nwith torch.autocast("cpu", dtype=torch.bfloat16):\n    pass\n'),
+        Invalid("import torch\nfrom torch.cpu.amp import autocast\nwith autocast():\n    pass\n",
+                expected='import torch\nwith torch.autocast("cpu"):\n    pass\n'),
+        Invalid("import torch\ns = torch.cpu.amp.GradScaler()\n", expected='import torch\ns = torch.amp.GradScaler("cpu")\n'),
     ]
 
     def _imports(self, node):
         base = base_name(node.func if isinstance(node, ast.Call) else node)
         spec = import_spec(self.sem, base) if base is not None else None
-        removes = [spec] if spec is not None and spec.module.startswith("torch.cuda") else []
+        removes = [spec] if spec is not None and spec.module.startswith(("torch.cuda", "torch.cpu")) else []
         return [ImportSpec("torch")], removes
 
     def visit_Call(self, node: ast.Call) -> None:
         if self.settings.target != "torch.amp":
             return
         names = self.qnames(node)
-        if names & CUDA_AMP_AUTOCAST:
-            func, what, first = "torch.autocast", "autocast", '"cuda"'
-        elif names & CUDA_AMP_GRADSCALER:
-            func, what, first = "torch.amp.GradScaler", "GradScaler", '"cuda"'
+        device = "cuda"
+        if names & (CPU_AMP_AUTOCAST | CPU_AMP_GRADSCALER):
+            device = "cpu"
+        if names & (CUDA_AMP_AUTOCAST | CPU_AMP_AUTOCAST):
+            func, what, first = "torch.autocast", "autocast", f'"{device}"'
+        elif names & (CUDA_AMP_GRADSCALER | CPU_AMP_GRADSCALER):
+            func, what, first = "torch.amp.GradScaler", "GradScaler", f'"{device}"'
         elif names & set(CUSTOM):
             kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
             adds, removes = self._imports(node)
@@ -156,10 +167,11 @@ class DeprecatedCudaAmp(Rule):
         else:
             return
         adds, removes = self._imports(node)
-        fix = Fix(f"torch.cuda.amp.{what} -> {func}(\"cuda\", ...)",
+        fix = Fix(f"torch.{device}.amp.{what} -> {func}({first}, ...)",
                   [self.edits.replace(node.func, func), self.edits.insert_arg(node, first, first=True)],
                   add_imports=adds, remove_imports=removes)
-        self.report(node, f"`torch.cuda.amp.{what}(...)` is deprecated since torch 2.4; use `{func}(\"cuda\", ...)`", fix)
+        self.report(node, f"`torch.{device}.amp.{what}(...)` is deprecated since torch 2.4; use `{func}({first}, ...)`",
+                    fix)
 
     def visit_Module(self, node: ast.Module) -> None:
         self.torch_bound = bound_by_imports(node, "torch")
@@ -185,8 +197,9 @@ class DeprecatedCudaAmp(Rule):
                       [self.edits.replace(node, f'torch.amp.{kind}(device_type="cuda")')],
                       add_imports=adds, remove_imports=removes)
             self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
-        elif names & (CUDA_AMP_AUTOCAST | CUDA_AMP_GRADSCALER):
-            self.report(node, "`torch.cuda.amp` name is deprecated; refer to `torch.amp` instead "
+        elif names & (CUDA_AMP_AUTOCAST | CUDA_AMP_GRADSCALER | CPU_AMP_AUTOCAST | CPU_AMP_GRADSCALER):
+            device = "cpu" if names & (CPU_AMP_AUTOCAST | CPU_AMP_GRADSCALER) else "cuda"
+            self.report(node, f"`torch.{device}.amp` name is deprecated; refer to `torch.amp` instead "
                               "(no automatic fix for a reference that is not a call)")
 
     def visit_Name(self, node: ast.Name) -> None:

@@ -1,8 +1,8 @@
 import ast
 
-from ampfix.analysis import arg, arg_node, is_const, method_call, receiver
+from ampfix.model.analysis import arg, arg_node, is_const, method_call, receiver
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.semantic import dotted
+from ampfix.model.semantic import dotted
 
 
 def _is_grad_zero(expr, var: str) -> bool:
@@ -45,14 +45,20 @@ class ZeroGrad(Rule):
     for p in model.parameters():
         p.grad = None
     ```
-    The fix is safe unless code reads `.grad` between `zero_grad` and `backward` expecting
-    zeros (rare; such code must handle `None` gradients anyway).
+    The fix is **unsafe**: it can change training.  An optimizer skips a parameter whose
+    gradient is `None`, but steps one whose gradient is zero: with momentum or weight decay
+    (SGD, Adam, AdamW) a parameter that took no part in a step (a frozen branch, an unused
+    embedding row's module, a layer skipped this iteration) still moves with zeros and does not
+    move with `None` (tests/test_zero_grad_semantics.py shows it with three SGD steps).
+    Code that reads `.grad` between `zero_grad` and `backward` must also handle `None`.
+    It is applied only with `--unsafe-fixes`: check that every parameter gets a gradient each
+    step, or that skipping those that do not is what you want.
     """
 
     code = "AMP301"
     name = "zero-grad-set-to-none"
     summary = "zero_grad writes zeros into every gradient instead of setting them to None"
-    fix_kind = "safe"
+    fix_kind = "unsafe"
     since = "1.7"
     triggers = ("zero_grad", "zero_(")
 
@@ -101,16 +107,17 @@ class ZeroGrad(Rule):
         if a is None:
             if modern or node.args or node.keywords:
                 return
-            fix = Fix("zero_grad() -> zero_grad(set_to_none=True)", [self.edits.insert_arg(node, "set_to_none=True")])
+            fix = Fix("zero_grad() -> zero_grad(set_to_none=True)", [self.edits.insert_arg(node, "set_to_none=True")],
+                      safe=False)
             self.report(node, "`zero_grad()` writes zeros on torch < 2.0; pass `set_to_none=True`", fix)
             return
         if not is_const(a, False):
             return
         if modern and len(node.args) + len(node.keywords) == 1:
             fix = Fix("zero_grad(set_to_none=False) -> zero_grad()",
-                      [self.edits.remove_arg(node, arg_node(node, "set_to_none", 0))])
+                      [self.edits.remove_arg(node, arg_node(node, "set_to_none", 0))], safe=False)
         else:
-            fix = Fix("set_to_none=False -> set_to_none=True", [self.edits.replace(a, "True")])
+            fix = Fix("set_to_none=False -> set_to_none=True", [self.edits.replace(a, "True")], safe=False)
         self.report(node, "`zero_grad(set_to_none=False)` writes zeros into every gradient; let it set them to None", fix)
 
     def visit_For(self, node: ast.For) -> None:
@@ -125,5 +132,6 @@ class ZeroGrad(Rule):
         var = target.id
         for stmt in _statements(node.body):
             if isinstance(stmt, ast.Expr) and _is_grad_zero(stmt.value, var):
-                fix = Fix(f"{var}.grad.zero_() -> {var}.grad = None", [self.edits.replace(stmt, f"{var}.grad = None")])
+                fix = Fix(f"{var}.grad.zero_() -> {var}.grad = None", [self.edits.replace(stmt, f"{var}.grad = None")],
+                          safe=False)
                 self.report(stmt.value, f"`{self.code_of(stmt.value)}` writes zeros; set `{var}.grad = None` instead", fix)
