@@ -235,8 +235,15 @@ def main():
 @click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also the fixes that change behaviour.")
 @click.option("--show-fixes", is_flag=True, help="List what the fixes do (with --fix: what they did).")
 @click.option("--add-noqa", is_flag=True, help="Add '# noqa: CODE' to every line that has a problem now.")
+@click.option("--show-settings", is_flag=True, help="Print the settings resolved for the first path, and where each "
+                                                    "came from; check nothing.")
+@click.option("--show-files", is_flag=True, help="Print the files that would be checked; check nothing.")
 def check(**kw):
     """Report problems in PATHS (files or folders; '-' reads standard input)."""
+    if kw["show_settings"]:
+        sys.exit(_guard(kw, lambda: _show_settings(kw)))
+    if kw["show_files"]:
+        sys.exit(_guard(kw, lambda: _show_files(kw)))
     if kw["fix"] or kw["diff"]:
         if kw["fix"] and kw["diff"]:
             click.echo("ampfix: error: --fix and --diff do not go together (--diff changes nothing)", err=True)
@@ -254,7 +261,7 @@ def check(**kw):
 
         cfg, results = run_paths(kw, fix=None)
         diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
-        out = click.get_text_stream("stdout")
+        out = sys.stdout
         if kw["statistics"] and kw["output_format"] not in ("json", "sarif", "gitlab"):
             if diags:
                 out.write(statistics(diags) + "\n")
@@ -269,6 +276,42 @@ def check(**kw):
         return EXIT_PROBLEMS if diags and not kw["exit_zero"] else EXIT_OK
 
     sys.exit(_guard(kw, body))
+
+
+def _show_settings(kw) -> int:
+    """What ruff's --show-settings shows: the resolved settings for one file, and their sources."""
+    cfg = _config(kw)
+    first = (kw["paths"] or (".",))[0]
+    s = cfg.settings
+    selected = cfg.selected_codes()
+    codes = cfg.codes_for(Path(first), selected) if first != "-" else selected
+    scaler = 'torch.amp.GradScaler("cuda")' if s.target == "torch.amp" else "torch.cuda.amp.GradScaler()"
+    lines = [
+        f"Resolved settings for: {first}",
+        f"config file:     {cfg.source if cfg.source else '(none found: defaults)'}",
+        f"project root:    {cfg.root}",
+        f"torch version:   {'.'.join(map(str, s.torch_version))}   (from: {s.torch_version_source})",
+        f"target spelling: {s.target}   ({'set by --target/target' if s.target_setting else 'from the torch version'};"
+        f" a GradScaler is written {scaler})",
+        f"unsafe fixes:    {cfg.unsafe_fixes}",
+        f"respect .gitignore: {cfg.respect_gitignore}",
+        f"exclude:         {', '.join(cfg.all_excludes) or '-'}",
+        f"rules ({len(codes)}):      {', '.join(codes)}",
+    ]
+    click.echo("\n".join(lines))
+    return EXIT_OK
+
+
+def _show_files(kw) -> int:
+    from ampfix.io.files import discover
+
+    cfg = _config(kw)
+    problems: list = []
+    for f in discover(list(kw["paths"]) or ["."], cfg.root, cfg.all_excludes, cfg.respect_gitignore, problems):
+        click.echo(str(f))
+    for path, why in problems:
+        click.echo(f"ampfix: {path}: {why}", err=True)
+    return EXIT_OK
 
 
 def _add_noqa(kw) -> int:
@@ -327,7 +370,7 @@ def _migrate(kw) -> int:
     from ampfix.io.writer import WriteError, write_atomic
 
     cfg, results = run_paths(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     if kw["paths"] == ("-",):
         from ampfix.engine.check import IO_ERROR, SYNTAX_ERROR
 
@@ -356,7 +399,7 @@ def _migrate(kw) -> int:
             out.write(unified_diff(r))
         out.flush()  # the diff before the report, on a terminal too
     if not kw["quiet"]:
-        err = click.get_text_stream("stderr")
+        err = sys.stderr
         migrate_report(results, kw["write"], err)
         n = len(changed)
         left = sum(len(r.diagnostics) for r in results)

@@ -19,7 +19,10 @@ from ampfix.rules.dataparallel_autocast import DataParallelAutocast
 from ampfix.rules.ddp_no_sync import DdpNoSync
 from ampfix.rules.debug_api import DebugApi
 from ampfix.rules.deprecated_cuda_amp import DeprecatedCudaAmp
+from ampfix.rules.determined_apex import DeterminedApex
 from ampfix.rules.eval_no_grad import EvalNoGrad
+from ampfix.rules.huggingface_apex import HuggingFaceApex
+from ampfix.rules.lightning_apex import LightningApex
 from ampfix.rules.manual_half import ManualHalf
 from ampfix.rules.non_blocking import NonBlocking
 from ampfix.rules.scaler_dtype import ScalerDtype
@@ -41,6 +44,9 @@ RULES = [
     ApexNormalization,
     ApexUninitialized,
     ApexDependency,
+    LightningApex,
+    HuggingFaceApex,
+    DeterminedApex,
     DataParallelAutocast,
     DeprecatedCudaAmp,
     ScalerInLoop,

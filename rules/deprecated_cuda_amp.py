@@ -38,7 +38,8 @@ class DeprecatedCudaAmp(Rule):
     with torch.autocast("cuda", dtype=torch.float16):
         ...
     ```
-    Projects pinned below torch 2.3 set `target = "torch.cuda.amp"` and this rule is silent.
+    Projects pinned below torch 2.3 (found in their dependencies, or `torch-version`) or with
+    `target = "torch.cuda.amp"` keep the old spelling, and this rule is silent.
     """
 
     code = "AMP202"
@@ -52,6 +53,7 @@ class DeprecatedCudaAmp(Rule):
         Valid("import torch\nwith torch.autocast('cuda'):\n    pass\n"),
         Valid("from torch.cuda.amp import autocast\nwith autocast():\n    pass\n", settings={"target": "torch.cuda.amp"}),
         Valid("from torch.amp import GradScaler\ns = GradScaler('cuda')\n"),
+        Valid("import torch\ns = torch.cuda.amp.GradScaler()\n", settings={"torch_version": "1.13"}),
     ]
     INVALID = [
         Invalid(
@@ -146,7 +148,7 @@ class DeprecatedCudaAmp(Rule):
 
     def visit_Call(self, node: ast.Call) -> None:
         if self.settings.target != "torch.amp":
-            return
+            return  # below torch 2.3 (the target follows the torch release) the old spelling is right
         names = self.qnames(node)
         device = "cuda"
         if names & (CPU_AMP_AUTOCAST | CPU_AMP_GRADSCALER):
@@ -179,7 +181,7 @@ class DeprecatedCudaAmp(Rule):
     def _reference(self, node) -> None:
         """A non-call reference (isinstance, a bare decorator): report; fix bare custom_fwd."""
         if self.settings.target != "torch.amp":
-            return
+            return  # below torch 2.3 (the target follows the torch release) the old spelling is right
         base = base_name(node)
         if base is None or base.id not in self.torch_bound:
             return

@@ -69,10 +69,10 @@ class ZeroGrad(Rule):
         Valid("buf.zero_()\n"),
     ]
     INVALID = [
-        Invalid("optimizer.zero_grad(set_to_none=False)\n", expected="optimizer.zero_grad()\n"),
+        Invalid("optimizer.zero_grad(set_to_none=False)\n", expected="optimizer.zero_grad()\n", unsafe=True),
         Invalid("model.zero_grad(set_to_none=False)\n", expected="model.zero_grad(set_to_none=True)\n",
-                settings={"torch_version": "1.13"}),
-        Invalid("opt.zero_grad()\n", expected="opt.zero_grad(set_to_none=True)\n", settings={"torch_version": "1.12"}),
+                settings={"torch_version": "1.13"}, unsafe=True),
+        Invalid("opt.zero_grad()\n", expected="opt.zero_grad(set_to_none=True)\n", settings={"torch_version": "1.12"}, unsafe=True),
         Invalid(
             """
             for p in model.parameters():
@@ -84,6 +84,7 @@ class ZeroGrad(Rule):
                 if p.grad is not None:
                     p.grad = None  # reset
             """,
+            unsafe=True,
         ),
         Invalid(
             """
@@ -96,6 +97,7 @@ class ZeroGrad(Rule):
                 for name, param in net.named_parameters():
                     param.grad = None
             """,
+            unsafe=True,
         ),
     ]
 

@@ -25,8 +25,10 @@ def test_code_in_code_out():
     diags = ampfix.check_code(CODE, "train.py")
     assert [(d["code"], d["location"]["line"]) for d in diags] == [("AMP302", 2), ("AMP301", 3)]
     fixed = ampfix.fix_code(CODE, "train.py")
-    assert 'torch.zeros(3, device="cuda")' in fixed and "opt.zero_grad()" in fixed
+    # AMP301's fix changes training (None gradients skip steps): only with unsafe=True
+    assert 'torch.zeros(3, device="cuda")' in fixed and "opt.zero_grad(set_to_none=False)" in fixed
     assert ampfix.fix_code(fixed, "train.py") == fixed
+    assert "opt.zero_grad()" in ampfix.fix_code(CODE, "train.py", unsafe=True)
 
 
 def test_migrate_shows_then_writes(tmp_path):
@@ -50,4 +52,4 @@ def test_flake8_plugin(tmp_path):
     f = tmp_path / "t.py"
     f.write_text(CODE)
     out = subprocess.run([sys.executable, "-m", "flake8", "--select", "AMP", str(f)], capture_output=True, text=True)
-    assert f"{f}:2:5: AMP302 [*]" in out.stdout and f"{f}:3:1: AMP301 [*]" in out.stdout, out.stdout + out.stderr
+    assert f"{f}:2:5: AMP302 [*]" in out.stdout and f"{f}:3:1: AMP301 `zero_grad" in out.stdout, out.stdout + out.stderr

@@ -77,8 +77,9 @@ def test_entries_stay_when_only_part_of_the_project_is_given(tmp_path):
     (p / "scripts").mkdir()
     (p / "scripts" / "old.py").write_text("from apex import amp\n")
     out = run("migrate", "--write", str(p / "src"))
+    # a file above the folder asked for is neither read nor written (ruff's habit)
     assert "apex" in (p / "requirements.txt").read_text()
-    assert "not given the whole project" in out.output or "still imported" in out.output, out.output
+    assert "requirements.txt" not in out.output, out.output
 
 
 def test_requirement_with_an_unrelated_similar_name_is_not_reported(tmp_path):

@@ -50,7 +50,7 @@ def test_write_changes_only_the_code_of_the_changed_cells(tmp_path):
     f = tmp_path / "train.ipynb"
     before = notebook(CELLS)
     f.write_text(before)
-    r = run("migrate", "--write", f)
+    r = run("migrate", "--write", "--unsafe-fixes", f)
     assert r.exit_code == 0, r.output
     after = f.read_text()
     old, new = json.loads(before), json.loads(after)
@@ -67,7 +67,7 @@ def test_write_changes_only_the_code_of_the_changed_cells(tmp_path):
     changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
     assert len(before.splitlines()) == len(after.splitlines()) and len(changed) == 2
     assert run("check", "--no-cache", f).exit_code == 0
-    assert run("migrate", "--write", f).exit_code == 0 and f.read_text() == after  # idempotent
+    assert run("migrate", "--write", "--unsafe-fixes", f).exit_code == 0 and f.read_text() == after  # idempotent
 
 
 def test_dry_run_diff_shows_the_ipython_lines(tmp_path):
@@ -87,7 +87,7 @@ def test_an_apex_notebook_is_migrated_across_cells(tmp_path):
              "    opt.zero_grad()\n", "    with amp.scale_loss(loss, opt) as scaled:\n", "        scaled.backward()\n",
              "    opt.step()\n", count=3),
     ]))
-    r = run("migrate", "--write", f)
+    r = run("migrate", "--write", "--unsafe-fixes", f)
     assert r.exit_code == 0, r.output
     cells = ["".join(c["source"]) for c in json.loads(f.read_text())["cells"]]
     assert "apex" not in "".join(cells)
@@ -113,7 +113,7 @@ def test_a_layout_ampfix_cannot_reproduce_is_not_written(tmp_path):
     f = tmp_path / "odd.ipynb"
     text = notebook([code("import torch\n", "x = torch.ones(2).cuda()\n")]).replace('\n "metadata"', '\n\n "metadata"')
     f.write_text(text)
-    r = run("migrate", "--write", f)
+    r = run("migrate", "--write", "--unsafe-fixes", f)
     assert r.exit_code == 2 and "layout" in r.output and f.read_text() == text
 
 
@@ -178,5 +178,5 @@ def test_percent_and_bang_inside_an_expression_are_python(tmp_path):
                                 "'''\n", "z = 7 \\\n", "    % 2\n", "x = torch.zeros(3).cuda()\n")]))
     r = run("check", "--no-cache", f)
     assert "AMP000" not in r.output and f"{f}:cell 1:9:5: AMP302" in r.output
-    assert run("migrate", "--write", f).exit_code == 0
+    assert run("migrate", "--write", "--unsafe-fixes", f).exit_code == 0
     assert "     % 3)\n" in json.loads(f.read_text())["cells"][0]["source"]

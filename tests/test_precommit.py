@@ -39,9 +39,12 @@ def test_hooks_fail_then_pass(tmp_path):
     migrate = try_repo(work, "ampfix-migrate", home)
     assert migrate.returncode == 1, migrate.stdout + migrate.stderr  # it changed the file
     assert "files were modified by this hook" in migrate.stdout
-    assert bad.read_text() == 'import torch\nopt.zero_grad()\nx = torch.zeros(3, device="cuda")\n'
+    # AMP301's fix is unsafe: the hook applies the safe ones only
+    assert bad.read_text() == 'import torch\nopt.zero_grad(set_to_none=False)\nx = torch.zeros(3, device="cuda")\n'
     git(work, "add", ".")
 
     assert try_repo(work, "ampfix-migrate", home).returncode == 0
+    bad.write_text(bad.read_text().replace("set_to_none=False", ""))  # the unsafe one, by a person
+    git(work, "add", ".")
     again = try_repo(work, "ampfix", home)
     assert again.returncode == 0, again.stdout + again.stderr

@@ -41,14 +41,21 @@ class Config:
 
     # -- rule selection ----------------------------------------------------------------------
     def selected_codes(self) -> List[str]:
-        rules = all_rules()
-        if self.select is None:
-            chosen = {r.code for r in rules if r.default}
-        else:
-            chosen = set(expand(self.select, origin="select"))
-        chosen |= set(expand(self.extend_select, origin="extend-select"))
-        chosen -= set(expand(self.ignore, origin="ignore"))
-        return sorted(chosen)
+        """As ruff resolves them: for each rule the most specific selector that names it wins
+        (a code over a prefix over ``ALL``), and ``ignore`` wins a tie, so
+        ``--select AMP301 --ignore AMP3`` keeps AMP301 and ``--select AMP3 --ignore AMP301``
+        drops it."""
+        for sels, origin in ((self.select or [], "select"), (self.extend_select, "extend-select"),
+                             (self.ignore, "ignore")):
+            expand(sels, origin=origin)  # unknown selectors are errors
+        out = []
+        for rule in all_rules():
+            chosen = _specificity(rule.code, [*(self.select or []), *self.extend_select])
+            if self.select is None and rule.default:
+                chosen = max(chosen, 0)
+            if chosen >= 0 and chosen > _specificity(rule.code, self.ignore):
+                out.append(rule.code)
+        return sorted(out)
 
     def codes_for(self, path: Path, selected: Sequence[str]) -> List[str]:
         drop: Set[str] = set()
@@ -68,6 +75,19 @@ def _rel(path: Path, root: Path) -> str:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return path.as_posix()
+
+
+def _specificity(code: str, selectors: Iterable[str]) -> int:
+    """How specifically the selectors name ``code``: -1 not at all, 0 ``ALL``, else the length
+    of the longest prefix that matches."""
+    best = -1
+    for sel in selectors:
+        sel = str(sel).strip().upper()
+        if sel == "ALL":
+            best = max(best, 0)
+        elif sel and code.startswith(sel):
+            best = max(best, len(sel))
+    return best
 
 
 def expand(selectors: Iterable[str], origin: str = "select") -> List[str]:

@@ -61,16 +61,58 @@ def find_torch_pin(root: Optional[Path]) -> Optional[Tuple[Tuple[int, int], str]
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        runtime = _runtime_requirements(path.name, text)
         for m in _TORCH.finditer(text):
-            op, major, minor = m.group(1), int(m.group(2)), int(m.group(3))
+            major, minor = int(m.group(2)), int(m.group(3))
             if major > 3:  # not a torch release (a CUDA version, a date)
                 continue
-            version = (major, minor)
             line = text.count("\n", 0, m.start()) + 1
+            if runtime is not None and not any(_TORCH.search(" " + r) and m.group(0).strip(" \"'[,(") in r
+                                               for r in runtime):
+                continue  # an optional extra, a dev or build requirement: not what the code runs on
+            version = (major, minor)
             src = f"{path.name}:{line}: {m.group(0).strip(chr(34) + chr(39) + ' [,(')}"
             if best is None or version < best[0]:
                 best = (version, src)
     return best
+
+
+def _runtime_requirements(name: str, text: str) -> Optional[List[str]]:
+    """The run-time requirement strings of a pyproject.toml ([project] dependencies, Poetry's
+    dependencies) or setup.cfg (install_requires), read as data; None for the other files, whose
+    every line is a requirement of the environment.  Optional extras (``verify = ["torch>=2.0"]``),
+    dependency groups and build requirements are left out."""
+    if name == "pyproject.toml":
+        try:
+            import tomllib
+        except ImportError:  # pragma: no cover - Python < 3.11
+            import tomli as tomllib
+        try:
+            doc = tomllib.loads(text)
+        except Exception:
+            return []
+        project = doc.get("project") if isinstance(doc.get("project"), dict) else {}
+        reqs = [r for r in project.get("dependencies") or [] if isinstance(r, str)]
+        poetry = ((doc.get("tool") or {}).get("poetry") or {}).get("dependencies") or {}
+        for key, spec in poetry.items() if isinstance(poetry, dict) else ():
+            if isinstance(spec, str):
+                reqs.append(f"{key}=={spec.lstrip('^~=')}" if spec[:1].isdigit() or spec[:1] in "^~"
+                            else f"{key}{spec}")
+            elif isinstance(spec, dict) and isinstance(spec.get("version"), str):
+                v = spec["version"]
+                reqs.append(f"{key}=={v.lstrip('^~=')}" if v[:1].isdigit() or v[:1] in "^~" else f"{key}{v}")
+        return reqs
+    if name == "setup.cfg":
+        import configparser
+
+        cp = configparser.ConfigParser(interpolation=None)
+        try:
+            cp.read_string(text)
+        except configparser.Error:
+            return []
+        value = cp.get("options", "install_requires", fallback="")
+        return [line.strip() for line in value.splitlines() if line.strip()]
+    return None
 
 
 def apex_findings(root: Path) -> List[Finding]:

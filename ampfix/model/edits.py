@@ -316,6 +316,29 @@ class Builder:
             return Edit(a, self.span(args[i + 1])[0], "")
         return Edit(self.span(args[i - 1])[1], b, "")
 
+    def remove_args(self, call, nodes) -> List[Edit]:
+        """Remove several arguments at once, with their commas: edits that never overlap (one per
+        run of neighbouring arguments), where :meth:`remove_arg` for each could."""
+        args = self.args_of(call)
+        gone = {id(n) for n in nodes}
+        if all(id(a) in gone for a in args):
+            end = self.src.offset(call.end_lineno, call.end_col_offset) - 1  # the ')'
+            return [Edit(self.open_paren(call), end, "")]
+        edits, i = [], 0
+        while i < len(args):
+            if id(args[i]) not in gone:
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(args) and id(args[j + 1]) in gone:
+                j += 1
+            if j + 1 < len(args):  # a kept argument follows: up to its start
+                edits.append(Edit(self.span(args[i])[0], self.span(args[j + 1])[0], ""))
+            else:  # the last ones: from the end of the kept one before
+                edits.append(Edit(self.span(args[i - 1])[1], self.span(args[j])[1], ""))
+            i = j + 1
+        return edits
+
     def _comments_above(self, stmt, start: int, floor: int) -> int:
         """Extend ``start`` upwards over comment lines directly above ``stmt`` (not past floor)."""
         src = self.src

@@ -108,12 +108,15 @@ def summary_line(diags: Sequence[Diagnostic], unsafe_on: bool = False) -> str:
     n = c["problems"]
     fixable = c["fixable"] + (c["unsafe_fixable"] if unsafe_on else 0)
     text = f"Found {n} problem{'s' if n != 1 else ''}"
-    if fixable:
+    unsafe = c["unsafe_fixable"] if not unsafe_on else 0
+    if fixable and unsafe:
+        text += (f" ({fixable} fixable with 'ampfix migrate --write'; {unsafe} more with "
+                 "'ampfix migrate --write --unsafe-fixes')")
+    elif fixable:
         text += f" ({fixable} fixable with 'ampfix migrate --write{' --unsafe-fixes' if unsafe_on else ''}')"
-    text += "."
-    if c["unsafe_fixable"] and not unsafe_on:
-        text += f"\n{c['unsafe_fixable']} more fixable with 'ampfix migrate --write --unsafe-fixes'."
-    return text
+    elif unsafe:
+        text += f" ({unsafe} fixable with 'ampfix migrate --write --unsafe-fixes')"
+    return text + "."
 
 
 def show_fixes(diags: Sequence[Diagnostic]) -> str:
@@ -121,7 +124,7 @@ def show_fixes(diags: Sequence[Diagnostic]) -> str:
     counts = Counter((d.code, d.fix, d.fix_description or d.message) for d in diags if d.fix)
     if not counts:
         return "No fixes available.\n"
-    out = ["Fixes available (apply with 'ampfix check --fix', or --unsafe-fixes for the unsafe ones):"]
+    out = ["Fixes available (apply with 'ampfix migrate --write', adding --unsafe-fixes for the unsafe ones):"]
     for (code, kind, what), n in sorted(counts.items()):
         out.append(f"  {n:4d} x {code} [{'safe' if kind == 'safe' else 'unsafe'}] {what}")
     return "\n".join(out) + "\n"

@@ -1,0 +1,84 @@
+import ast
+
+from ampfix.model.analysis import kwargs, string_value
+from ampfix.rule import Fix, Invalid, Rule, Valid
+from ampfix.rules._framework import LIGHTNING_TRAINER, argparse_default, is_apex
+
+
+class LightningApex(Rule):
+    """
+    ## What it does
+    Finds PyTorch Lightning's apex switches: `Trainer(amp_backend="apex", amp_level="O2")`, an
+    `amp_level` without it, and argparse options whose default is `"apex"`.  The fix drops
+    `amp_backend` and `amp_level` and writes `precision="16-mixed"` for `precision=16`.
+
+    ## Why is this bad?
+    Lightning 2.0 removed apex: `amp_backend` and `amp_level` are no longer `Trainer` arguments,
+    so the script stops at start-up with a `TypeError`.  Lightning 1.x already refused
+    `amp_level` without the apex backend.  Native AMP (`precision="16-mixed"`) is what Lightning
+    uses instead: float16 autocast and a GradScaler, float32 weights (what apex's O1 did; O2's
+    float16 model copy is not needed).
+
+    ## Example
+    ```python
+    trainer = pl.Trainer(gpus=1, precision=16, amp_backend="apex", amp_level="O2")
+    ```
+
+    ## Use instead
+    ```python
+    trainer = pl.Trainer(gpus=1, precision="16-mixed")
+    ```
+    """
+
+    code = "AMP108"
+    name = "lightning-apex-backend"
+    summary = "PyTorch Lightning Trainer(amp_backend=\"apex\", amp_level=...): removed in Lightning 2.0; use precision=\"16-mixed\""
+    fix_kind = "safe"
+    since = "1.6"
+    triggers = ("amp_backend", "amp_level")
+
+    VALID = [
+        Valid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision="16-mixed")\n'),
+        Valid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=16, amp_backend="native")\n'),
+        Valid('trainer = MyTrainer(amp_backend="apex")\n'),
+    ]
+    INVALID = [
+        Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, precision=16, amp_backend="apex", '
+                'amp_level="O2")\n',
+                expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, precision="16-mixed")\n'),
+        Invalid('from lightning.pytorch import Trainer\ntrainer = Trainer(\n    max_epochs=3,\n    amp_backend="apex",\n'
+                '    precision=16,  # mixed\n)\n',
+                expected='from lightning.pytorch import Trainer\ntrainer = Trainer(\n    max_epochs=3,\n'
+                         '    precision="16-mixed",  # mixed\n)\n'),
+        Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=16, amp_level="O1")\n',
+                expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(precision="16-mixed")\n'),
+        Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=args.precision, amp_backend="apex")\n',
+                expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=args.precision)\n',
+                message="16-mixed"),
+        Invalid('parser.add_argument("--amp_backend", type=str, default="apex")\n', message="default picks apex"),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        argparse_default(self, node, ("amp_backend",), "PyTorch Lightning")
+        if not self.qnames(node) & LIGHTNING_TRAINER:
+            return
+        kw = kwargs(node)
+        backend, level = kw.get("amp_backend"), kw.get("amp_level")
+        apex = backend is not None and is_apex(backend)
+        if not apex and level is None:
+            return
+        if backend is not None and not apex and string_value(backend) is None:
+            return  # chosen at run time: a person follows it
+        drop = [k for k in node.keywords if k.arg in ("amp_level",) or (apex and k.arg == "amp_backend")]
+        edits = self.edits.remove_args(node, drop)
+        precision = kw.get("precision")
+        note = ""
+        if isinstance(precision, ast.Constant) and precision.value in (16, "16"):
+            edits.append(self.edits.replace(precision, '"16-mixed"'))
+        elif precision is not None and not isinstance(precision, ast.Constant):
+            note = (" (`precision` is computed here: give it \"16-mixed\" where it was 16, as Lightning 2 spells "
+                    "native AMP)")
+        what = "`amp_backend=\"apex\"`" if apex else "`amp_level`"
+        self.report(node, f"{what} picks NVIDIA apex, which Lightning 2.0 removed (the Trainer no longer takes "
+                          f"`amp_backend`/`amp_level`); use native AMP: `precision=\"16-mixed\"`{note}",
+                    Fix("drop amp_backend/amp_level; precision=16 -> \"16-mixed\"", edits))
