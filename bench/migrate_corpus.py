@@ -6,9 +6,12 @@
 For each repository a copy is migrated with ``migrate --write``; then every module that used
 apex.amp or an FP16_Optimizer is classified: *migrated* (no such use left) or *refused* (with
 the reason ampfix gives).  Also recorded for every written file: whether it compiles, whether a
-second ``migrate`` changes anything (it must not), and which self-check problems (AMP203-207,
-AMP211, AMP212) appear that the original did not have.  Writes ``corpus.json`` and
-``corpus.md``.
+second ``migrate`` changes anything (it must not), which self-check problems (AMP203-207,
+AMP211, AMP212) appear that the original did not have, and host syncs the rewrite added
+(``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
+A migrated module is *right* when its file compiles, adds no self-check problem and no host
+sync; otherwise it is *broken*.  The summary is given for the whole corpus and for its two sides
+(the manifest's holdout, and the rest).  Writes ``corpus.json`` and ``corpus.md``.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+MANIFEST = Path(__file__).resolve().parent / "corpus" / "manifest.json"
+SYNCS = (".get_scale()", ".item()", ".cpu()", ".tolist()")
 
 AMP = ("AMP101",)
 FP16 = ("AMP102",)
@@ -54,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     rows, files = [], []
+    holdout = {e["repo"].replace("/", "+") for e in json.loads(MANIFEST.read_text())["repos"] if e.get("holdout")}
     for repo in sorted(p for p in args.corpus.iterdir() if p.is_dir()):
         tmp = Path(tempfile.mkdtemp()) / repo.name
         shutil.copytree(repo, tmp)
@@ -84,8 +91,10 @@ def main(argv=None) -> int:
             self_before = {(d["code"], d["message"]) for d in by[path] if d["code"] in SELF}
             new_self = [f"{d['code']} line {d['location']['line']}: {d['message']}" for d in after_by[path]
                         if d["code"] in SELF and (d["code"], d["message"]) not in self_before]
+            syncs = sum(text_after.count(s) - text_before.count(s) for s in SYNCS) if changed else 0
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
-                          "new_self_check": new_self})
+                          "new_self_check": new_self, "added_syncs": max(0, syncs)})
+            ok = compiles and not new_self and syncs <= 0
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:
@@ -93,23 +102,38 @@ def main(argv=None) -> int:
                 left = [d for d in after_by[path] if kind(d) == k]
                 reason = next((d["message"].split("(not rewritten", 1)[1].strip(" :)") for d in left
                                if "not rewritten" in d["message"]), None)
+                if reason:
+                    reason = reason.replace(str(tmp) + os.sep, "").replace(str(tmp.parent) + os.sep, "")
+                status = "refused" if left else ("migrated" if ok else "broken")
                 rows.append({"repo": repo.name, "path": rel, "kind": k, "uses": len(had),
-                             "status": "migrated" if not left else "refused", "left": len(left),
-                             "reason": reason if left else None})
+                             "status": status, "left": len(left), "reason": reason if left else None,
+                             "holdout": repo.name in holdout})
         files.append({"repo": repo.name, "idempotent": again.stdout.strip() == ""})
         shutil.rmtree(tmp.parent, ignore_errors=True)
     modules = [r for r in rows if "kind" in r]
-    summary = {
-        "apex.amp modules": sum(r["kind"] == "apex.amp" for r in modules),
-        "apex.amp migrated": sum(r["kind"] == "apex.amp" and r["status"] == "migrated" for r in modules),
-        "FP16_Optimizer modules": sum(r["kind"] == "FP16_Optimizer" for r in modules),
-        "FP16_Optimizer migrated": sum(r["kind"] == "FP16_Optimizer" and r["status"] == "migrated" for r in modules),
-        "files written": sum(f.get("changed", False) for f in files),
-        "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in files),
-        "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in files),
-        "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in files),
-        "errors": [r for r in rows if "error" in r],
-    }
+
+    def side(mods, fls):
+        return {
+            "repositories": len({r["repo"] for r in mods}),
+            "apex.amp modules": sum(r["kind"] == "apex.amp" for r in mods),
+            "apex.amp migrated right": sum(r["kind"] == "apex.amp" and r["status"] == "migrated" for r in mods),
+            "FP16_Optimizer modules": sum(r["kind"] == "FP16_Optimizer" for r in mods),
+            "FP16_Optimizer migrated right": sum(r["kind"] == "FP16_Optimizer" and r["status"] == "migrated"
+                                                 for r in mods),
+            "refused": sum(r["status"] == "refused" for r in mods),
+            "broken": sum(r["status"] == "broken" for r in mods),
+            "right %": round(100 * sum(r["status"] == "migrated" for r in mods) / max(1, len(mods)), 1),
+            "files written": sum(f.get("changed", False) for f in fls),
+            "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in fls),
+            "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in fls),
+            "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
+            "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
+        }
+
+    summary = side(modules, files)
+    summary["holdout"] = side([r for r in modules if r["holdout"]], [f for f in files if f["repo"] in holdout])
+    summary["tuned"] = side([r for r in modules if not r["holdout"]], [f for f in files if f["repo"] not in holdout])
+    summary["errors"] = [r for r in rows if "error" in r]
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +141,8 @@ def main(argv=None) -> int:
                                                          indent=1))
         lines = ["| repository | module | kind | uses | result | why left |", "|---|---|---|---|---|---|"]
         for r in modules:
-            lines.append(f"| {r['repo']} | {r['path']} | {r['kind']} | {r['uses']} | {r['status']} | "
+            name = r["repo"] + (" (holdout)" if r["holdout"] else "")
+            lines.append(f"| {name} | {r['path']} | {r['kind']} | {r['uses']} | {r['status']} | "
                          f"{(r['reason'] or '').replace('|', '/')} |")
         (args.out / "corpus.md").write_text("\n".join(lines) + "\n")
     return 0
