@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, dominates, follows, forward_region, guards, read, stmt_of,
+    ancestors_stmts, assigned, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
 from ampfix.rule import ImportSpec
@@ -540,6 +540,10 @@ class Rewriter:
             target = "" if isinstance(stmt, ast.Expr) else module.src.code(
                 stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target) + type(stmt).__name__
             return ("clip", target)
+        if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1:
+            inner = Rewriter._kind(stmt.body[0], module)
+            if inner[0] == "clip":  # `if max_norm > 0: clip(...)`, the same test in both branches
+                return ("clip", inner[1], module.src.code(stmt.test))
         return ("other", id(stmt))
 
 
@@ -1129,7 +1133,8 @@ class GroupPlan(Rewriter):
                    u.module.src.code(receiver(x.value)) == loss_code for x in els):
             return w
         # every else statement must be the twin of one in the body: the backward, a clip
-        body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w]
+        body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w and not (
+            isinstance(x, (ast.Import, ast.ImportFrom)) and "apex" in u.module.src.code(x))]  # the import goes
         else_kinds = [self._kind(x, u.module) for x in els if not (
             isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
         if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
@@ -1269,8 +1274,8 @@ class GroupPlan(Rewriter):
     def _master_params(self, u: Use, c: Carrier) -> None:
         """``amp.master_params(opt)`` -> the optimizer's parameters, unscaled first where the
         gradients are read after a scaled backward.  ``scaler.unscale_`` may run once per step: a
-        clip that runs more often than the step (every micro-batch of an accumulation) clips the
-        still-scaled gradients at a threshold scaled alike, which is the same clip."""
+        clip that runs more often than the step (every micro-batch of an accumulation) moves to
+        the step (:meth:`_clip_at_the_step`)."""
         call = u.call
         opt = arg(call, "optimizer", 0) if call is not None else None
         if opt is None:
@@ -1278,35 +1283,18 @@ class GroupPlan(Rewriter):
         code = u.module.src.code
         o = code(opt)
         fc = self.fc(u.module)
-        fc.replace(call, f'(p for group in {o}.param_groups for p in group["params"])')
-        if self.pure:
-            return
+        params = f'(p for group in {o}.param_groups for p in group["params"])'
         st = stmt_of(call)
         key = self._key(u)
         unit = u.func.node if u.func is not None else u.module.tree
         backs = self.backward_sites.get(key, [])
-        if not follows(st, backs, unit):
-            return
         steps = self.steps_of.get(key, [])
-        if steps and not any(_runs_as_often(st, stmt_of(s), unit) for s in steps):
-            clip = getattr(call, "_p", None)
-            if not (isinstance(clip, ast.Call) and "clip_grad" in (dotted(clip.func) or "") and clip.args
-                    and clip.args[0] is call):
-                raise Refuse(f"amp.master_params at line {u.line} is read on micro-batches where the optimizer does "
-                             "not step: migrate it by hand")
-            pos = 1
-            kw = "clip_value" if "value" in (dotted(clip.func) or "") else "max_norm"
-            thr = arg(clip, kw, pos)
-            if thr is None:
-                raise Refuse(f"the clip at line {clip.lineno} has no threshold to scale")
-            fc.replace(thr, f"{code(thr)} * {c.expr}.get_scale()" if not isinstance(
-                thr, (ast.BinOp, ast.IfExp, ast.BoolOp, ast.Compare)) else f"({code(thr)}) * {c.expr}.get_scale()")
-            if not isinstance(stmt_of(clip), ast.Expr):
-                self.notes.add("a clip that runs on every micro-batch clips the scaled gradients at a scaled threshold "
-                               "(unscale_ may run once per step); the norm it returns is scaled too")
-            else:
-                self.notes.add("a clip that runs on every micro-batch clips the scaled gradients at a scaled threshold "
-                               "(unscale_ may run once per step)")
+        if not self.pure and follows(st, backs, unit) and steps and not any(
+                _runs_as_often(st, stmt_of(s), unit) for s in steps):
+            self._clip_at_the_step(u, c, call, steps, o, params)
+            return
+        fc.replace(call, params)
+        if self.pure or not follows(st, backs, unit):
             return
         done = getattr(self, "_unscaled", None)
         if done is None:
@@ -1316,6 +1304,78 @@ class GroupPlan(Rewriter):
         done.append((u.module, o, st))
         fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
         self._collapse_clip(u, st)
+
+    def _clip_at_the_step(self, u: Use, c: Carrier, call, steps, o: str, params: str) -> None:
+        """A clip of ``amp.master_params(opt)`` on every micro-batch, where the optimizer steps less
+        often (gradient accumulation): apex had unscaled the gradients after each backward, native
+        AMP unscales once per step.  Scaling the threshold by ``scaler.get_scale()`` would keep the
+        numbers but copy the scale to the host on every micro-batch (a sync, AMP303), so the clip
+        moves to the step, after ``scaler.unscale_(opt)``: once per step, on the accumulated
+        gradients.  That differs from clipping each partial sum when accumulating, so the fix is
+        unsafe and says so."""
+        code = u.module.src.code
+        clip = getattr(call, "_p", None)
+        if not (isinstance(clip, ast.Call) and "clip_grad" in (dotted(clip.func) or "") and clip.args
+                and clip.args[0] is call):
+            raise Refuse(f"amp.master_params at line {u.line} is read on micro-batches where the optimizer does "
+                         "not step: migrate it by hand")
+        st = stmt_of(clip)
+        if not (isinstance(st, ast.Expr) and st.value is clip):
+            raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch and its result is used; native AMP "
+                         "unscales once per optimizer step: move the clip to the step by hand")
+        if len(steps) != 1:
+            raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch and the optimizer steps in "
+                         f"{len(steps)} places: move the clip to the step by hand")
+        # a clip under its own condition (`if max_norm > 0:`) moves with it
+        gd = getattr(st, "_p", None)
+        mover = st
+        if isinstance(gd, ast.If) and gd.body == [st] and not gd.orelse and id(gd) not in self.fc(u.module).touched:
+            mover, gd = gd, getattr(gd, "_p", None)
+        # only where both precisions clipped alike: under no guard, or under the fp16/fp32 branches
+        # the migration made one (else the fp32 path would clip twice)
+        step_st = stmt_of(steps[0])
+        la = loops_around(mover, u.func.node if u.func is not None else u.module.tree)
+        common = next((l for l in loops_around(step_st, u.func.node if u.func is not None else u.module.tree)
+                       if any(l is x for x in la)), None)
+        twin = isinstance(gd, ast.If) and gd.body == [mover] and len(gd.orelse) == 1 \
+            and self._kind(gd.orelse[0], u.module) == self._kind(mover, u.module)
+        left = [g for g in guards(mover, common) if id(g) not in self.fc(u.module).touched and not (twin and g is gd)]
+        if left:
+            raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch under the condition at line "
+                         f"{left[0].lineno}, and native AMP unscales once per optimizer step: move the clip to the "
+                         "step by hand (scaler.unscale_ first)")
+        # the fp32 branch beside it often clips the same parameters by their own name: reuse it
+        gone = mover
+        if twin:
+            gone = gd
+        for sib in (gd.orelse if isinstance(gd, ast.If) and any(mover is s for s in gd.body) else []):
+            sib = sib.body[0] if isinstance(sib, ast.If) and len(sib.body) == 1 and not sib.orelse else sib
+            v = sib.value if isinstance(sib, ast.Expr) else None
+            if isinstance(v, ast.Call) and dotted(v.func) == dotted(clip.func) and v.args:
+                params = code(v.args[0])
+        if clip.lineno == clip.end_lineno:
+            text = code(clip)
+            i = text.index(code(call))
+            moved = text[:i] + params + text[i + len(code(call)):]
+        else:
+            copy = ast.Call(func=clip.func, args=[ast.parse(params, mode="eval").body, *clip.args[1:]],
+                            keywords=clip.keywords)
+            moved = ast.unparse(copy)
+        fc = self.fc(u.module)
+        fc.remove(gone)
+        lines = [moved]
+        if mover is not st:
+            lines = [f"if {code(mover.test)}:", self._indent_unit(u.module, mover, st) + moved]
+        fc.insert_before(step_st, [f"{c.expr}.unscale_({o})", *lines])
+        self.g.unsafe = ("the gradient clip ran on every micro-batch and now runs once per optimizer step, after "
+                         "scaler.unscale_, on the accumulated gradients: with accumulation the two differ; "
+                         "no host sync is added")
+
+    @staticmethod
+    def _indent_unit(module, outer, inner) -> str:
+        """The indentation one block adds in this file (``inner`` sits one block inside ``outer``)."""
+        a, b = module.src.line_text(outer.lineno), module.src.line_text(inner.lineno)
+        return b[len(a) - len(a.lstrip()):len(b) - len(b.lstrip())] or "    "
 
     def _collapse_clip(self, u: Use, st) -> None:
         """``if fp16: clip(amp.master_params(opt)) else: clip(model.parameters())`` -> the first."""

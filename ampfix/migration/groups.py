@@ -148,6 +148,9 @@ class Group:
         #: scaler), with what to say about them
         self.anchors: Dict[str, List[Tuple[ast.AST, str]]] = {}
         self.note_at_anchor: Optional[str] = None  # said with the anchor use when rewritten
+        #: why the rewrite changes behaviour, when it does: the group's fix is then unsafe
+        #: (applied with --unsafe-fixes only), and the reason is in its description
+        self.unsafe: Optional[str] = None
 
     def file(self, module) -> FileChanges:
         fc = self.changes.get(module.path)

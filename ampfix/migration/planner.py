@@ -92,8 +92,10 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
         if fc is None:
             continue
         desc = g.description + (" (" + "; ".join(sorted(g.notes)) + ")" if g.notes else "")
+        if g.unsafe:
+            desc += f" (unsafe fix: {g.unsafe})"
         fix = Fix(desc, fc.final_edits, add_imports=list(dict.fromkeys(fc.adds)),
-                  remove_imports=list(dict.fromkeys(fc.removes)), group=g.id)
+                  remove_imports=list(dict.fromkeys(fc.removes)), group=g.id, safe=not g.unsafe)
         for u in uses:
             fp.fixes[(u.lineno, u.col_offset)] = fix
         if not uses:

@@ -193,7 +193,10 @@ def migrate_report(results: Sequence[FileResult], wrote: bool, out: TextIO) -> N
         where = original_line(r.original, r.fixed) if (r.changed and not wrote and not r.path.endswith(".ipynb")) \
             else None
         for d in r.diagnostics:
-            why = "needs --unsafe-fixes: " if d.fix == "unsafe" else ""
+            why = ""
+            if d.fix == "unsafe":
+                reason = (d.fix_description or "").partition("(unsafe fix: ")[2].rstrip(")")
+                why = f"needs --unsafe-fixes ({reason}): " if reason else "needs --unsafe-fixes: "
             line, col = (d.line, d.col) if where is None else where(d.line, d.col)
             at = d.where if d.cell is not None else f"{d.path}:{line}:{col}"
             out.write(f"  left for a person: {at}: {d.code} {why}{d.message}\n")
