@@ -49,9 +49,16 @@ def _config(kw) -> Config:
     start = Path(paths[0]) if paths[0] != "-" else Path.cwd()
     cfg = load_config(Path(kw["config_path"]) if kw["config_path"] else None,
                       start if start.exists() else Path.cwd())
+    return _with_flags(cfg, kw, start if start.exists() else Path.cwd())
+
+
+def _with_flags(cfg: Config, kw, start: Path) -> Config:
+    """The command line's flags over a loaded configuration (they win over every file)."""
     if kw["select"] is not None:
         cfg.select = _csv(kw["select"])
-        if not expand(cfg.select, "--select"):
+        from ampfix.engine.codes import ENGINE_CODES
+
+        if not expand(cfg.select, "--select") and not any(s.strip().upper() in ENGINE_CODES for s in cfg.select):
             raise ConfigError(f"--select {kw['select']!r} selects no rule (give codes or prefixes, e.g. AMP1, or ALL)")
     if kw["extend_select"]:
         cfg.extend_select += _csv(kw["extend_select"])
@@ -67,11 +74,40 @@ def _config(kw) -> Config:
     else:
         from ampfix.io.config import with_pinned_torch
 
-        cfg = with_pinned_torch(cfg, start if start.exists() else Path.cwd())
+        cfg = with_pinned_torch(cfg, start)
     cfg.extend_exclude += list(kw["extend_exclude"])
     if kw["no_respect_gitignore"]:
         cfg.respect_gitignore = False
     return cfg
+
+
+def _codes_by_nearest_config(cfg: Config, kw, files, selected):
+    """(file, its rule codes): each file obeys the configuration nearest to it (``sub/pyproject.toml``
+    for the files under ``sub/``, as in ruff), with the command line's flags on top.  A run has
+    one torch version and spelling: a nearer file that sets others is named, not ignored silently."""
+    if kw.get("config_path"):  # --config: one configuration for every file
+        return [(f, cfg.codes_for(f, selected)) for f in files]
+    from ampfix.io.config import find_config
+
+    found: dict = {}
+    out = []
+    for f in files:
+        d = f.parent
+        if d not in found:
+            near = find_config(d)
+            if near is None or cfg.source is None or near.resolve() == Path(cfg.source).resolve():
+                found[d] = (cfg, selected)
+            else:
+                sub = _with_flags(load_config(near), kw, d)
+                found[d] = (sub, sub.selected_codes())
+                if sub.settings.torch_version != cfg.settings.torch_version or sub.settings.target != cfg.settings.target:
+                    click.echo(f"ampfix: warning: {near} sets torch {'.'.join(map(str, sub.settings.torch_version))} / "
+                               f"{sub.settings.target}, but one run uses one ({'.'.join(map(str, cfg.settings.torch_version))}"
+                               f" / {cfg.settings.target}, from {cfg.source}); its rule selection applies to its files "
+                               f"here: run ampfix in {near.parent} for its own torch version", err=True)
+        c, sel = found[d]
+        out.append((f, c.codes_for(f, sel)))
+    return out
 
 
 def run_paths(kw, fix: Optional[str]):
@@ -107,7 +143,7 @@ def run_paths(kw, fix: Optional[str]):
     named_data = [p for p in paths if Path(p).is_file() and p not in {str(f) for f in files}]
     if not files and not problems and not named_data:
         click.echo(f"ampfix: warning: no Python files found under {', '.join(paths)}", err=True)
-    jobs = [(str(f), cfg.codes_for(f, selected)) for f in files]
+    jobs = [(str(f), codes) for f, codes in _codes_by_nearest_config(cfg, kw, files, selected)]
     cache = None
     if not fix and not kw.get("no_cache") and not os.environ.get("AMPFIX_NO_CACHE"):
         from ampfix.engine.cache import Cache
@@ -238,6 +274,10 @@ def main():
 @click.option("--show-settings", is_flag=True, help="Print the settings resolved for the first path, and where each "
                                                     "came from; check nothing.")
 @click.option("--show-files", is_flag=True, help="Print the files that would be checked; check nothing.")
+@click.option("--output-file", "-o", type=click.Path(dir_okay=False), help="Write the report to this file instead of "
+                                                                          "standard output.")
+@click.option("--exit-non-zero-on-fix", is_flag=True, help="With --fix: exit 1 when a file was changed, even if no "
+                                                           "problem is left.")
 def check(**kw):
     """Report problems in PATHS (files or folders; '-' reads standard input)."""
     if kw["show_settings"]:
@@ -257,22 +297,36 @@ def check(**kw):
         sys.exit(_guard(kw, lambda: _add_noqa(kw)))
 
     def body():
-        from ampfix.output.report import show_fixes, statistics, summary_line, write_diagnostics
+        from ampfix.output.report import show_fixes, statistics, statistics_json, summary_line, write_diagnostics
 
         cfg, results = run_paths(kw, fix=None)
         diags = sorted((d for r in results for d in r.diagnostics), key=lambda d: d.sort_key())
-        out = sys.stdout
-        if kw["statistics"] and kw["output_format"] not in ("json", "sarif", "gitlab"):
+        import io
+
+        out = io.StringIO() if kw["output_file"] else sys.stdout
+        machine = kw["output_format"] in ("json", "github", "sarif", "gitlab")
+        if kw["statistics"] and kw["output_format"] == "json":
+            out.write(statistics_json(diags) + "\n")
+        elif kw["statistics"] and kw["output_format"] not in ("sarif", "gitlab"):
             if diags:
                 out.write(statistics(diags) + "\n")
         else:
             from ampfix.output.report import use_color
 
-            write_diagnostics(results, diags, kw["output_format"], out, color=use_color(sys.stdout))
-        if kw["show_fixes"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):
+            write_diagnostics(results, diags, kw["output_format"], out,
+                              color=not kw["output_file"] and use_color(sys.stdout))
+        if kw["show_fixes"] and not machine:
             out.write(show_fixes(diags))
-        if not kw["quiet"] and kw["output_format"] not in ("json", "github", "sarif", "gitlab"):
-            click.echo(summary_line(diags), err=False)
+        if not kw["quiet"] and not machine:
+            out.write(summary_line(diags) + "\n")
+        if kw["output_file"]:
+            tmp = kw["output_file"] + ".ampfix-tmp"
+            try:  # whole or not at all
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    fh.write(out.getvalue())
+                os.replace(tmp, kw["output_file"])
+            except OSError as exc:
+                raise ConfigError(f"{kw['output_file']}: cannot write the report: {exc.strerror or exc}") from None
         return EXIT_PROBLEMS if diags and not kw["exit_zero"] else EXIT_OK
 
     sys.exit(_guard(kw, body))
@@ -359,6 +413,8 @@ def _add_noqa(kw) -> int:
 @click.option("--write", "-w", is_flag=True, help="Apply the fixes to the files (default: show a diff).")
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes that change behaviour.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-file report.")
+@click.option("--exit-non-zero-on-fix", is_flag=True, help="With --write: exit 1 when a file was changed, even if "
+                                                           "no problem is left.")
 def migrate(**kw):
     """Rewrite PATHS: show the diff of every safe fix, or apply them with --write."""
     kw.setdefault("show_fixes", False)
@@ -406,7 +462,7 @@ def _migrate(kw) -> int:
         verb = "Rewrote" if kw["write"] else "Would rewrite"
         err.write(f"{verb} {n} file{'s' if n != 1 else ''}; {left} problem{'s' if left != 1 else ''} left for a person.\n")
     remaining = any(r.diagnostics for r in results)
-    dirty = bool(changed) and not kw["write"]
+    dirty = bool(changed) and (not kw["write"] or kw.get("exit_non_zero_on_fix"))
     if failed or any(r.error and not r.error.startswith("skipped") for r in results):
         return EXIT_ERROR  # some files could not be read or written (each one is named above)
     return EXIT_PROBLEMS if (remaining or dirty) and not kw["exit_zero"] else EXIT_OK
@@ -436,7 +492,8 @@ def rules_cmd(output_format):
         return
     rows = [(r.code, r.name, r.fix_kind or "-", "yes" if r.default else "no", r.summary) for r in all_rules()]
     if output_format == "json":
-        click.echo(json.dumps([dict(zip(("code", "name", "fix", "default", "summary"), row)) for row in rows], indent=2))
+        click.echo(json.dumps([{"code": r.code, "name": r.name, "fix": r.fix_kind, "default": bool(r.default),
+                                "summary": r.summary} for r in all_rules()], indent=2))
         return
     w = max(len(r[1]) for r in rows)
     click.echo(f"{'code':7} {'name':{w}} {'fix':9} {'default':7} summary")
@@ -450,7 +507,14 @@ def explain(code):
     """Show a rule's documentation: what, why, example, use instead (CODE: AMP301...)."""
     from ampfix.registry import rules_by_code
 
+    from ampfix.engine.codes import ENGINE_CODES
+
     rule = rules_by_code().get(code.strip().upper())
+    engine = ENGINE_CODES.get(code.strip().upper())
+    if engine is not None:
+        click.echo(f"# {engine.code} {engine.name}\n\n{engine.summary}\n\nReported by the engine itself, always on "
+                   f"(it cannot be selected or ignored).\n\n{engine.doc}")
+        return
     if rule is None:
         click.echo(f"ampfix: error: unknown rule {code!r} (see 'ampfix rules')", err=True)
         sys.exit(EXIT_ERROR)

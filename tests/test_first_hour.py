@@ -89,3 +89,83 @@ def test_convert_checkpoint_without_torch_is_one_line(tmp_path):
 def test_convert_checkpoint_into_a_missing_folder_is_one_line(tmp_path):
     r = ampfix("convert-checkpoint", "a.pt", str(tmp_path / "nope" / "b.pt"), cwd=tmp_path)
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+LOOP = ("import torch\nfor b in data:\n    loss = model(b)\n    loss.backward()\n    opt.step()\n"
+        "    print(loss.item())\n    opt.zero_grad(set_to_none=False)\n")
+
+
+def _codes(r):
+    return sorted({(d["path"].replace("\\", "/"), d["code"]) for d in json.loads(r.stdout)["diagnostics"]})
+
+
+def test_the_nearest_configuration_applies_to_each_file(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.ampfix]\nselect = ["AMP3"]\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "pyproject.toml").write_text('[tool.ampfix]\nextend = "../pyproject.toml"\nignore = ["AMP303"]\n')
+    for d in (tmp_path, tmp_path / "sub"):
+        (d / "t.py").write_text(LOOP)
+    r = ampfix("check", "--no-cache", "--output-format", "json", ".", cwd=tmp_path)
+    assert _codes(r) == [("sub/t.py", "AMP301"), ("t.py", "AMP301"), ("t.py", "AMP303")], r.stdout
+
+
+def test_the_more_specific_selector_wins(tmp_path):
+    (tmp_path / "t.py").write_text(LOOP)
+    r = ampfix("check", "--no-cache", "--output-format", "json", "--select", "AMP301", "--ignore", "AMP3", "t.py",
+               cwd=tmp_path)
+    assert _codes(r) == [("t.py", "AMP301")]
+    r = ampfix("check", "--no-cache", "--output-format", "json", "--select", "AMP3", "--ignore", "AMP301", "t.py",
+               cwd=tmp_path)
+    assert _codes(r) == [("t.py", "AMP303")]
+
+
+def test_show_settings_names_the_torch_version_and_its_source(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["torch>=1.13"]\n'
+                                             '[project.optional-dependencies]\nverify = ["torch>=2.0"]\n')
+    (tmp_path / "t.py").write_text("import torch\n")
+    r = ampfix("check", "--show-settings", "t.py", cwd=tmp_path)
+    assert "1.13" in r.stdout and "pyproject.toml:3" in r.stdout and "torch.cuda.amp" in r.stdout, r.stdout
+    r = ampfix("check", "--show-files", ".", cwd=tmp_path)
+    assert r.stdout.split() == ["t.py"]
+
+
+def test_an_optional_extra_does_not_set_the_torch_version(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["click"]\n'
+                                             '[project.optional-dependencies]\nverify = ["torch>=2.0"]\n')
+    (tmp_path / "t.py").write_text("import torch\ns = torch.cuda.amp.GradScaler()\n")
+    r = ampfix("migrate", "t.py", cwd=tmp_path)
+    assert 'torch.amp.GradScaler("cuda")' in r.stdout, r.stdout
+
+
+def test_output_file_statistics_json_and_exit_non_zero_on_fix(tmp_path):
+    (tmp_path / "t.py").write_text(LOOP)
+    r = ampfix("check", "--no-cache", "-o", "report.json", "--output-format", "json", "t.py", cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == "" and json.loads((tmp_path / "report.json").read_text())["diagnostics"]
+    r = ampfix("check", "--no-cache", "--statistics", "--output-format", "json", "t.py", cwd=tmp_path)
+    assert {row["code"]: row["count"] for row in json.loads(r.stdout)} == {"AMP301": 1, "AMP303": 1}
+    (tmp_path / "u.py").write_text("import torch\nx = torch.zeros(3).cuda()\n")
+    assert ampfix("migrate", "--write", "u.py", cwd=tmp_path).returncode == 0
+    (tmp_path / "u.py").write_text("import torch\nx = torch.zeros(3).cuda()\n")
+    assert ampfix("migrate", "--write", "--exit-non-zero-on-fix", "u.py", cwd=tmp_path).returncode == 1
+
+
+def test_engine_codes_are_explained_and_selectable(tmp_path):
+    r = ampfix("explain", "AMP000")
+    assert r.returncode == 0 and "syntax-error" in r.stdout
+    (tmp_path / "bad.py").write_text("x = (\n")
+    r = ampfix("check", "--no-cache", "--select", "AMP000", "bad.py", cwd=tmp_path)
+    assert r.returncode == 1 and "AMP000" in r.stdout
+    r = ampfix("check", "--no-cache", "--ignore", "AMP000", "bad.py", cwd=tmp_path)
+    assert r.returncode == 2 and "always on" in r.stderr
+
+
+def test_an_unknown_code_in_noqa_is_reported(tmp_path):
+    (tmp_path / "t.py").write_text("import torch\nx = 1  # noqa: AMP999, E501\ny = 2  # noqa: AMP301\n")
+    r = ampfix("check", "--no-cache", "t.py", cwd=tmp_path)
+    assert "t.py:2:1: AMP003" in r.stdout and "AMP999" in r.stdout and ":3:" not in r.stdout, r.stdout
+
+
+def test_rules_json_has_booleans():
+    rows = json.loads(ampfix("rules", "--output-format", "json").stdout)
+    assert all(isinstance(r["default"], bool) for r in rows)
+    assert {r["fix"] for r in rows} <= {None, "safe", "unsafe", "sometimes"}

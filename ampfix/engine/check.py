@@ -28,6 +28,7 @@ from ampfix.engine.tidy import tidy
 SYNTAX_ERROR = ("AMP000", "syntax-error")
 IO_ERROR = ("AMP001", "io-error")
 FIX_ERROR = ("AMP002", "fix-failed")
+NOQA_UNKNOWN = ("AMP003", "noqa-unknown-code")
 MAX_PASSES = 10
 
 
@@ -185,6 +186,7 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         if fix:
             result.original = result.fixed = src.text
             result.fixed_bytes = src.data
+        result.diagnostics = _unknown_noqa(path, Suppressions(src) if "noqa" in src.text.lower() else None)
         return result
     sup = Suppressions(src)
     if sup.skip_file:
@@ -215,7 +217,8 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         src = Source(src.encode(new_text), path, text=new_text, encoding=src.encoding)
         src.parse()
         sup = Suppressions(src)
-    result.diagnostics = sorted((_diagnostic(path, r) for r in reports), key=Diagnostic.sort_key)
+    result.diagnostics = sorted([*(_diagnostic(path, r) for r in reports), *_unknown_noqa(path, sup)],
+                                key=Diagnostic.sort_key)
     for f, why in failed:
         result.failed_fixes.append(f"{f.description}: {why}")
         if f.group is not None:
@@ -225,6 +228,23 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         result.fixed = src.text
         result.fixed_bytes = src.encode(src.text) if src.text != original else src.data
     return result
+
+
+def _unknown_noqa(path: str, sup: Optional[Suppressions]) -> List[Diagnostic]:
+    """AMP003 for each AMP code a ``# noqa:`` names that no rule (and no engine code) has; the
+    codes of other tools are theirs."""
+    if sup is None or not sup.noqa:
+        return []
+    from ampfix.engine.codes import ENGINE_CODES
+    from ampfix.registry import rules_by_code
+
+    known = set(rules_by_code()) | set(ENGINE_CODES)
+    out = []
+    for line, codes in sorted(sup.noqa.items()):
+        for code in sorted(c for c in (codes or ()) if c.startswith("AMP") and c not in known):
+            out.append(Diagnostic(path, line, 1, line, 1, NOQA_UNKNOWN[0], NOQA_UNKNOWN[1],
+                                  f"`# noqa: {code}` names no ampfix rule, so it silences nothing (see 'ampfix rules')"))
+    return out
 
 
 def _try_apply(text: str, path: str, chosen: List[Fix], failed, seen_failed, reports) -> Optional[str]:

@@ -12,12 +12,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from ampfix.engine.codes import ENGINE_CODES
 from ampfix.registry import all_rules
 from ampfix.model.settings import TARGETS, Settings, parse_version
 
 KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
-    "target", "torch-version", "respect-gitignore", "unsafe-fixes",
+    "target", "torch-version", "respect-gitignore", "unsafe-fixes", "extend",
 }
 
 
@@ -99,6 +100,11 @@ def expand(selectors: Iterable[str], origin: str = "select") -> List[str]:
         if not sel:
             continue
         hit = codes if sel == "ALL" else [c for c in codes if c.startswith(sel)]
+        if not hit and sel in ENGINE_CODES:
+            if origin == "ignore" or "ignore" in origin:
+                raise ConfigError(f"{sel} in {origin}: the engine's codes are always on (a file that cannot be read "
+                                  "or parsed is not checked at all); exclude the file instead")
+            continue  # always on: selecting it changes nothing
         if not hit:
             raise ConfigError(f"unknown rule selector {sel!r} in {origin} (see 'ampfix rules')")
         out.extend(hit)
@@ -155,8 +161,9 @@ def with_pinned_torch(cfg: "Config", start: Path) -> "Config":
     return cfg
 
 
-def load_config(path: Optional[Path], start: Optional[Path] = None) -> Config:
-    """Load ``path`` (or search upwards from ``start``); defaults when none is found."""
+def load_config(path: Optional[Path], start: Optional[Path] = None, _extending: tuple = ()) -> Config:
+    """Load ``path`` (or search upwards from ``start``); defaults when none is found.  A file's
+    ``extend = "../pyproject.toml"`` loads that one first."""
     if path is None:
         path = find_config(start or Path.cwd())
     if path is None:
@@ -171,6 +178,22 @@ def load_config(path: Optional[Path], start: Optional[Path] = None) -> Config:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.ampfix] must be a table, not {type(table).__name__} {table!r}")
     cfg = Config(root=Path(path).resolve().parent, source=Path(path))
+    if "extend" in table:  # another configuration first, then this one over it (ruff's `extend`)
+        base = table["extend"]
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: 'extend' must be the path of another pyproject.toml or ampfix.toml")
+        base_path = (Path(path).resolve().parent / base).resolve()
+        chain = _extending + (Path(path).resolve(),)
+        if base_path in chain:
+            raise ConfigError(f"{path}: 'extend' goes round in a circle ({base})")
+        if not base_path.is_file():
+            raise ConfigError(f"{path}: 'extend' names {base}, which does not exist")
+        parent = load_config(base_path, _extending=chain)
+        cfg.select, cfg.extend_select, cfg.ignore = parent.select, list(parent.extend_select), list(parent.ignore)
+        cfg.per_file_ignores, cfg.exclude = dict(parent.per_file_ignores), list(parent.exclude)
+        cfg.extend_exclude, cfg.respect_gitignore = list(parent.extend_exclude), parent.respect_gitignore
+        cfg.unsafe_fixes, cfg.settings = parent.unsafe_fixes, parent.settings
+        table = {k: v for k, v in table.items() if k != "extend"}
     apply_table(cfg, table, str(path))
     return cfg
 

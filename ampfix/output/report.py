@@ -138,6 +138,14 @@ def statistics(diags: Sequence[Diagnostic]) -> str:
     return "\n".join(rows)
 
 
+def statistics_json(diags: Sequence[Diagnostic]) -> str:
+    """``--statistics --output-format json``: a count per rule, as ruff gives it."""
+    counts = Counter((d.code, d.name) for d in diags)
+    fixable = {d.code for d in diags if d.fix == "safe"}
+    return json.dumps([{"code": code, "name": name, "count": n, "fixable": code in fixable}
+                       for (code, name), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))], indent=2)
+
+
 def unified_diff(result: FileResult) -> str:
     if not result.changed:
         return ""
@@ -255,7 +263,7 @@ def as_sarif(results: Sequence[FileResult], diags: Sequence[Diagnostic]) -> str:
         out.append(res)
     doc = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
            "runs": [{"tool": {"driver": {"name": "ampfix", "version": __version__,
-                                         "informationUri": "https://pypi.org/project/ampfix/", "rules": rules}},
+                                         "rules": rules}},
                      "results": out}]}
     return json.dumps(doc, indent=2)
 
