@@ -2,6 +2,7 @@ import ast
 
 from ampfix.model.analysis import (CPU_AMP_AUTOCAST, CPU_AMP_GRADSCALER, CUDA_AMP_AUTOCAST, CUDA_AMP_GRADSCALER,
                                    bound_by_imports, import_spec)
+from ampfix.model.edits import Edit
 from ampfix.rule import Fix, ImportSpec, Invalid, Rule, Valid
 from ampfix.model.semantic import base_name
 
@@ -133,6 +134,8 @@ class DeprecatedCudaAmp(Rule):
             """,
         ),
         Invalid("from torch.cuda.amp import GradScaler\nisinstance(s, GradScaler)\n", message="no automatic fix"),
+        Invalid("import torch\nfrom torch.cuda.amp import custom_fwd\nnms = custom_fwd(_C.nms)\n",
+                expected='import torch\nnms = torch.amp.custom_fwd(_C.nms, device_type="cuda")\n'),
         Invalid("import torch\nwith torch.cpu.amp.autocast(dtype=torch.bfloat16):\n    pass\n",
                 expected='import torch\nwith torch.autocast("cpu", dtype=torch.bfloat16):\n    pass\n'),
         Invalid("import torch\nfrom torch.cpu.amp import autocast\nwith autocast():\n    pass\n",
@@ -160,9 +163,12 @@ class DeprecatedCudaAmp(Rule):
         elif names & set(CUSTOM):
             kind = CUSTOM[sorted(names & set(CUSTOM))[0]]
             adds, removes = self._imports(node)
+            # a keyword after the positional arguments (`custom_fwd(fwd, device_type=...)`, the
+            # function form), before the other keywords
+            at = (Edit(self.edits.span(node.args[-1])[1], self.edits.span(node.args[-1])[1], ', device_type="cuda"')
+                  if node.args else self.edits.insert_arg(node, 'device_type="cuda"', first=True))
             fix = Fix(f"torch.cuda.amp.{kind} -> torch.amp.{kind}(device_type=\"cuda\")",
-                      [self.edits.replace(node.func, f"torch.amp.{kind}"),
-                       self.edits.insert_arg(node, 'device_type="cuda"', first=True)],
+                      [self.edits.replace(node.func, f"torch.amp.{kind}"), at],
                       add_imports=adds, remove_imports=removes)
             self.report(node, f"`torch.cuda.amp.{kind}` is deprecated; use `torch.amp.{kind}(device_type=\"cuda\")`", fix)
             return

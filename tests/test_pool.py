@@ -88,3 +88,21 @@ def test_workers_take_the_default_sigterm():
 
 def _pid(_):
     return os.getpid()
+
+
+class Awkward(Exception):
+    """An exception that pickles but does not unpickle (its __init__ takes other arguments)."""
+
+    def __init__(self, path, line, message):
+        super().__init__(f"{path}:{line}: {message}")
+
+
+def _awkward(_):
+    raise Awkward("x.py", 3, "bad")
+
+
+def test_an_exception_that_does_not_unpickle_comes_back_as_text_and_the_pool_goes_on():
+    with Pool(1) as pool:
+        with pytest.raises(RuntimeError, match="x.py:3: bad"):
+            result(pool.submit(_awkward, None))
+        assert result(pool.submit(_big, 2)) == b"xx"

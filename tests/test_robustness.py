@@ -135,3 +135,24 @@ def test_a_worker_crash_costs_only_its_file(tmp_path, monkeypatch):
     crashed = [r for r in results if r.error]
     assert [r.path for r in crashed] == [paths[7]] and "crashed" in crashed[0].error
     assert all(any(d.code == "AMP302" for d in r.diagnostics) for r in results if not r.error)
+
+
+def test_a_fix_that_breaks_the_syntax_is_left_out_not_a_crash():
+    """Found on a public repository: a fix whose edits made `f(kw=1, x)`; tidying the imports
+    parsed that text and raised, which crashed the worker and (with the old pool) hung the run."""
+    import ast as _ast
+
+    from ampfix.engine.check import check_source
+    from ampfix.model.settings import Settings
+    from ampfix.rule import Fix, ImportSpec, Rule
+
+    class Breaks(Rule):
+        code, name, summary, fix_kind, default, since, triggers = "AMP999", "breaks", "test", "safe", True, "1.0", ()
+
+        def visit_Call(self, node: _ast.Call) -> None:
+            if node.args:
+                self.report(node, "breaks", Fix("break", [self.edits.insert_arg(node, "kw=1", first=True)],
+                                                add_imports=[ImportSpec("torch")]))
+
+    r = check_source(b"import os\nf(x)\n", "t.py", [Breaks], Settings(), fix="safe")
+    assert r.fixed == "import os\nf(x)\n" and r.failed_fixes and "does not parse" in r.failed_fixes[0]

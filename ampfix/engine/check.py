@@ -254,7 +254,7 @@ def _try_apply(text: str, path: str, chosen: List[Fix], failed, seen_failed, rep
         new = apply_fixes(text, path, chosen)
         if parses(new):
             return new
-    except Conflict:
+    except (Conflict, SourceError):  # SourceError: the edits broke the syntax before tidying
         pass
     good = []
     for f in chosen:
@@ -262,6 +262,8 @@ def _try_apply(text: str, path: str, chosen: List[Fix], failed, seen_failed, rep
             ok, why = parses(apply_fixes(text, path, [f])), "the result does not parse"
         except Conflict as exc:
             ok, why = False, str(exc)
+        except SourceError as exc:
+            ok, why = False, f"the result does not parse ({exc.message}, line {exc.line})"
         if ok:
             good.append(f)
             continue
@@ -274,7 +276,7 @@ def _try_apply(text: str, path: str, chosen: List[Fix], failed, seen_failed, rep
         new = apply_fixes(text, path, good)
         if parses(new):
             return new
-    except Conflict:
+    except (Conflict, SourceError):
         pass
     return apply_fixes(text, path, good[:1])
 

@@ -38,10 +38,10 @@ class _Failed:
         import traceback
 
         self.text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
+        try:  # it must come back whole: an exception whose __init__ takes other arguments does not
             import pickle
 
-            pickle.dumps(exc)
+            pickle.loads(pickle.dumps(exc))
             self.exc: Optional[BaseException] = exc
         except Exception:
             self.exc = None
@@ -107,6 +107,7 @@ class Pool:
         self._lock = threading.Lock()
         self._queue: List[tuple] = []
         self._closed = False
+        self._broken: Optional[BaseException] = None
         self._wake_r, self._wake_w = os.pipe()
         self._workers = [_Worker(self._ctx, self._parent) for _ in range(max(1, n))]
         self._thread = threading.Thread(target=self._run, daemon=True, name="ampfix-pool")
@@ -116,8 +117,8 @@ class Pool:
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
         fut: Future = Future()
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the pool is closed")
+            if self._closed or self._broken is not None:
+                raise RuntimeError("the pool is closed" if self._closed else f"the pool failed: {self._broken}")
             self._queue.append((fut, fn, arg))
         os.write(self._wake_w, b"x")
         return fut
@@ -165,6 +166,18 @@ class Pool:
 
     # ------------------------------------------------------------------ the reader thread
     def _run(self) -> None:
+        try:
+            self._serve_results()
+        except BaseException as exc:  # never leave a caller waiting on a future nobody will set
+            self._broken = exc
+            with self._lock:
+                pending = [f for f, _, _ in self._queue] + [w.job for w in self._workers if w.job is not None]
+                self._queue.clear()
+            for f in pending:
+                if not f.done():
+                    f.set_exception(RuntimeError(f"ampfix's worker pool failed: {type(exc).__name__}: {exc}"))
+
+    def _serve_results(self) -> None:
         while True:
             with self._lock:
                 if self._closed:
@@ -209,6 +222,8 @@ class Pool:
                 got = w.conn.recv()
             except (EOFError, OSError):
                 got = None
+            except Exception as exc:  # a result that does not unpickle: the job fails, the pool goes on
+                got = ("err", _Failed(RuntimeError(f"a worker's result could not be read: {type(exc).__name__}: {exc}")))
         if got is not None and w.job is not None:
             status, value = got
             if status == "ok":
