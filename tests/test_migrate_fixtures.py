@@ -118,7 +118,7 @@ def test_refusal_leaves_the_module_whole():
 def test_scaler_state_helper_reads_apex_checkpoints():
     """The helper migrate adds for amp.load_state_dict: apex's format and GradScaler's both load."""
     torch = pytest.importorskip("torch")
-    from ampfix.migration.amp import SCALER_STATE_HELPER
+    from ampfix.migration.seeds import SCALER_STATE_HELPER
 
     ns = {}
     exec(SCALER_STATE_HELPER, ns)

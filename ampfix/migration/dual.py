@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import is_const, method_call, string_value
 from ampfix.migration.groups import Group, Refuse
-from ampfix.migration.amp import apex_import_specs
+from ampfix.migration.seeds import apex_import_specs
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
 from ampfix.model.semantic import dotted, walk

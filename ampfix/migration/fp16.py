@@ -30,7 +30,8 @@ from typing import Dict, List, Optional, Set
 
 from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
-from ampfix.migration.amp import Rewriter, apex_import_specs
+from ampfix.migration.rewriter import Rewriter
+from ampfix.migration.seeds import apex_import_specs
 from ampfix.migration.flow import follows, forward_region, guards, stmt_of
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
 from ampfix.rule import ImportSpec

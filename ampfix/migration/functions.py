@@ -21,7 +21,7 @@ from typing import Dict, List
 
 from ampfix.model.analysis import has_star, string_value
 from ampfix.migration.groups import Group, Refuse, add_module_helper
-from ampfix.migration.amp import FUNCTION_KINDS, kind_of
+from ampfix.migration.seeds import FUNCTION_KINDS, kind_of
 from ampfix.migration.flow import stmt_of
 from ampfix.migration.spell import autocast_off
 from ampfix.rule import ImportSpec
@@ -132,7 +132,7 @@ class FunctionApiPlanner:
             self._add_helpers(fc, m, sorted(helpers))
             fc.adds.append(ImportSpec("functools"))
         fc.adds.append(ImportSpec("torch"))
-        from ampfix.migration.amp import apex_import_specs
+        from ampfix.migration.seeds import apex_import_specs
 
         fc.removes.extend(apex_import_specs(m))
         g.notes |= notes

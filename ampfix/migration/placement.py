@@ -1,0 +1,224 @@
+"""Where the scaler lives and how it gets there: :class:`Solver` finds, for every use of a group,
+how it reaches the scaler its seed makes; :class:`CarrierRewrites` adds the parameters and the
+call-site arguments that carry it (across modules too)."""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Set
+
+from ampfix.model.analysis import method_call
+from ampfix.model.semantic import dotted, walk
+
+class Solver:
+    def __init__(self, project, seeds: List[Seed], name: str) -> None:
+        self.p = project
+        self.seeds = seeds
+        self.name = name
+        self.memo: Dict[object, Optional[Carrier]] = {}
+        self.why: Dict[object, str] = {}
+        self.stack: List[object] = []
+
+    @staticmethod
+    def key(module, func):
+        return ("f", id(func.node)) if func is not None else ("m", module.path)
+
+    def solve(self, module, func) -> Optional[Carrier]:
+        k = self.key(module, func)
+        if k in self.memo:
+            return self.memo[k]
+        if k in self.stack:
+            return None
+        self.stack.append(k)
+        try:
+            c = self._solve(module, func)
+        finally:
+            self.stack.pop()
+        self.memo[k] = c
+        return c
+
+    def fail(self, module, func, why: str) -> None:
+        self.why.setdefault(self.key(module, func), why)
+        return None
+
+    def _solve(self, module, func) -> Optional[Carrier]:
+        own = [s for s in self.seeds if s.training and s.module is module and s.func is func]
+        if own:
+            # a seed in a method keeps the scaler on self, for the other methods of the class
+            expr = "self." + self.name if func is not None and func.is_method else self.name
+            return Carrier("local", {s.idx for s in own}, expr)
+        if func is None:
+            return self.fail(module, func, f"module-level code of {module.path} has no amp.initialize before it")
+        if func.outer is not None:
+            c = self.solve(module, func.outer)
+            if c is not None and c.kind in ("local", "closure", "global") and not self._binds(func, c.expr):
+                return Carrier("closure", c.seeds, c.expr)
+        top = [s for s in self.seeds if s.training and s.module is module and s.func is None]
+        if top and not self._binds(func, self.name):
+            return Carrier("global", {s.idx for s in top}, self.name)
+        if func.cls is not None and func.is_method:
+            same = [s for s in self.seeds if s.training and s.func is not None and s.func.cls is not None
+                    and s.func.is_method and self._related(s.func, func)]
+            if same:
+                return Carrier("self", {s.idx for s in same}, "self." + self.name)
+
+        if func.cls is not None and func.is_method and func.node.name != "__init__":
+            # whoever builds the object hands it the scaler: its __init__ keeps it on self
+            c = self._via_init(module, func)
+            if c is not None:
+                return c
+        refs = self.p.references(func)
+        if refs:
+            r = refs[0]
+            return self.fail(module, func, f"`{func.qualname}` is used other than by a call (line {r.lineno}), "
+                                           "so the scaler cannot be passed to it")
+        sites = self.p.callers(func)
+        if not sites and func.cls is not None and any(
+                "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or "") for d in func.cls.decorator_list):
+            deco = next(d for d in func.cls.decorator_list
+                        if "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or ""))
+            return self.fail(module, func, f"`{func.cls.name}` is built by a registry from the configuration "
+                                           f"(@{module.src.code(deco)}), so no call can hand it the GradScaler: keep "
+                                           "one where the optimizer lives (the runner) by hand")
+        if not sites:
+            name = func.cls.name if func.node.name == "__init__" and func.cls is not None else func.node.name
+            elsewhere = self.p.mentioned_elsewhere(name)
+            if elsewhere:
+                return self.fail(module, func, f"`{func.qualname}` is used in {elsewhere[0]}, which was not given: run "
+                                               "ampfix on the files that call it too")
+            if self.name in func.positional or self.name in func.kwonly:
+                return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
+            # nothing in the project calls it: dead code, or an entry point of the project's API;
+            # it takes the scaler as a keyword-only parameter (and the report says so)
+            c = Carrier("param", set(), self.name, [])
+            c.entry = func
+            return c
+        seeds: Set[int] = set()
+        for s in sites:
+            c = self.solve(s.module, s.caller)
+            if c is None:
+                where = f"{s.caller.qualname}" if s.caller else "module level"
+                return self.fail(module, func, f"`{func.qualname}` is also called from `{where}` ({s.module.path} "
+                                               f"line {s.node.lineno}), where no amp.initialize comes first")
+            seeds |= c.seeds
+        if self.name in func.positional or self.name in func.kwonly:
+            return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
+        return Carrier("param", seeds, self.name, sites)
+
+    def _via_init(self, module, func) -> Optional[Carrier]:
+        init = self.p._method(module, func.cls, "__init__")
+        if init is None or init.cls is not func.cls:
+            return None
+        c = self.solve(init.module, init)
+        if c is None or c.kind != "param":
+            return None
+        carrier = Carrier("self", c.seeds, "self." + self.name)
+        carrier.via_init = (init, c)
+        return carrier
+
+    def _related(self, a, b) -> bool:
+        """Methods of one class, or of a class and its project base."""
+        if a.cls is b.cls:
+            return True
+        return any(isinstance(x, ast.Name) and x.id == a.cls.name for x in b.cls.bases) or any(
+            isinstance(x, ast.Name) and x.id == b.cls.name for x in a.cls.bases)
+
+    @staticmethod
+    def _binds(func, name: str) -> bool:
+        return name in func.positional or name in func.kwonly or any(
+            isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in walk(func.node))
+from ampfix.migration.rewriter import insert_edit
+from ampfix.migration.seeds import Carrier, Seed
+
+
+# a model's methods that do not run its forward
+
+class CarrierRewrites:
+    """The part of a group's plan (:class:`ampfix.migration.amp.GroupPlan`) that carries the scaler."""
+
+    def _carriers(self) -> None:
+        """Parameters and call sites that bring the scaler where it is used."""
+        todo = [c for _, c in self.g.needs if c is not None]
+        seen = set()
+        kept = set()
+        while todo:
+            c = todo.pop()
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            via = getattr(c, "via_init", None)
+            if via is not None:
+                init, ic = via
+                todo.append(ic)
+                if id(init.node) not in kept:
+                    kept.add(id(init.node))
+                    self._keep_in_init(init)
+            if c.kind != "param":
+                continue
+            entry = getattr(c, "entry", None)
+            if entry is not None and id(entry.node) not in self.param_added:
+                self.param_added.add(id(entry.node))
+                self._add_param(entry)
+                what = entry.cls.name if entry.node.name == "__init__" and entry.cls is not None else entry.qualname
+                self.notes.add(f"`{what}` is not called in the project: it now takes the GradScaler as `{self.name}=`")
+            for cs in c.sites:
+                cc = self.solver.solve(cs.module, cs.caller)
+                todo.append(cc)
+                f = cs.callee
+                k = id(f.node)
+                if k not in self.param_added:
+                    self.param_added.add(k)
+                    self._add_param(f)
+                self._pass(cs, cc.expr)
+
+    def _keep_in_init(self, init) -> None:
+        """``self.scaler = scaler`` first in __init__ (after ``super().__init__(...)``), so that
+        what __init__ calls finds it."""
+        body = init.node.body
+        fc = self.fc(init.module)
+        line = f"self.{self.name} = {self.name}"
+        i = 0
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            i = 1
+        for j, b in enumerate(body):
+            if isinstance(b, ast.Expr) and method_call(b.value, "__init__"):
+                fc.insert_after(b, [line])
+                return
+        if i < len(body):
+            fc.insert_before(body[i], [line])
+        else:
+            fc.insert_after(body[-1], [line])
+
+    def _add_param(self, f) -> None:
+        """A keyword-only ``scaler`` parameter, last."""
+        node = f.node
+        fc = self.fc(f.module)
+        a = node.args
+        src = f.module.src
+        if a.kwarg is not None:
+            # before **kwargs
+            star = a.kwarg
+            at = src.offset(star.lineno, star.col_offset) - 2
+            text = f"{self.name}, " if (a.vararg or a.kwonlyargs) else f"*, {self.name}, "
+            fc.edits.append(insert_edit(at, text))
+            return
+        items = [*getattr(a, "posonlyargs", []), *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs]
+        if not items:
+            p = fc.b.open_paren_def(node)
+            fc.edits.append(insert_edit(p, f"*, {self.name}"))
+            return
+        last = max(items, key=lambda x: (x.end_lineno, x.end_col_offset))
+        end = src.offset(last.end_lineno, last.end_col_offset)
+        # a default after the last parameter
+        defaults = [d for d in [*a.defaults, *a.kw_defaults] if d is not None]
+        for d in defaults:
+            de = src.offset(d.end_lineno, d.end_col_offset)
+            if de > end:
+                end = de
+        text = f", {self.name}" if (a.vararg or a.kwonlyargs) else f", *, {self.name}"
+        fc.edits.append(insert_edit(end, text))
+
+    def _pass(self, cs, expr: str) -> None:
+        fc = self.fc(cs.module)
+        fc.edits.append(fc.b.insert_arg(cs.node, f"{self.name}={expr}"))
+        self.g.anchors.setdefault(cs.module.path, []).append(
+            (cs.node, f"`{cs.callee.qualname}` now takes the GradScaler of the apex.amp migration: pass it here"))

@@ -1,0 +1,180 @@
+"""What the planners of one group share (:class:`Rewriter`: regions, hoisting, guard collapsing)
+and the small helpers of the rewrites (names returned, parameters, substitution, folding)."""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Tuple
+
+from ampfix.model.analysis import arg
+from ampfix.migration.groups import FileChanges, Group, Refuse
+from ampfix.migration.flow import (
+    guards,
+)
+from ampfix.model.semantic import dotted, walk
+
+
+class Rewriter:
+    """What the planners of one group share: regions, hoisting, guard collapsing."""
+
+    def __init__(self, project, g: Group) -> None:
+        self.p = project
+        self.s = project.settings
+        self.g = g
+        self.regions: Dict[int, Tuple[object, list, list]] = {}
+
+    def fc(self, module) -> FileChanges:
+        return self.g.file(module)
+
+    def _add_region(self, module, block, i: int, j: int, header: str) -> None:
+        entry = self.regions.setdefault(id(block), (module, block, []))
+        entry[2].append((i, j, header))
+
+    def _finish_regions(self) -> None:
+        for module, block, ranges in self.regions.values():
+            ranges = sorted(set(ranges))
+            merged = []
+            for i, j, h in ranges:
+                if merged and i <= merged[-1][1]:
+                    pi, pj, ph = merged[-1]
+                    merged[-1] = (pi, max(pj, j), ph)
+                else:
+                    merged.append((i, j, h))
+            fc = self.fc(module)
+            for i, j, h in merged:
+                fc.wrap(block[i], block[j], f"with {h}")
+
+    def _under_autocast(self, stmt) -> bool:
+        from ampfix.model.analysis import enclosing_autocast
+
+        return enclosing_autocast(self._sem_of(stmt), stmt) is not None
+
+    def _sem_of(self, node):
+        for m in self.p.modules.values():
+            if m.src.tree is not None and in_tree(node, m.tree):
+                return m.sem
+        raise Refuse("internal: node without a module")
+
+    @staticmethod
+    def _kind(stmt, module):
+        """What a statement of a branch is, for comparing an apex branch with its fp32 twin: a
+        clip (with the same target, if its result is kept) or something else."""
+        if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign)) and isinstance(stmt.value, ast.Call) and \
+                "clip_grad" in (dotted(stmt.value.func) or ""):
+            target = "" if isinstance(stmt, ast.Expr) else module.src.code(
+                stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target) + type(stmt).__name__
+            return ("clip", target)
+        if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1:
+            inner = Rewriter._kind(stmt.body[0], module)
+            if inner[0] == "clip":  # `if max_norm > 0: clip(...)`, the same test in both branches
+                return ("clip", inner[1], module.src.code(stmt.test))
+        return ("other", id(stmt))
+
+
+
+def returned_names(f) -> List[str]:
+    """The names a function returns (``return model, optimizer``), the same at every return."""
+    out = None
+    for n in walk(f.node):
+        if isinstance(n, ast.Return):
+            v = n.value
+            names = [dotted(e) for e in (v.elts if isinstance(v, (ast.Tuple, ast.List)) else [v])] if v is not None else []
+            if None in names or (out is not None and names != out):
+                return []
+            out = names
+    return out or []
+
+
+def param_of(s, f, keyword: str, position: int) -> Optional[str]:
+    """The parameter of ``f`` that the seed's argument ``keyword``/``position`` reads, if it is one."""
+    a = arg(s.call, keyword, position)
+    if isinstance(a, ast.Name) and (a.id in f.positional or a.id in f.kwonly):
+        return a.id
+    return None
+
+
+def substitute(text: str, orig, cs) -> str:
+    """An expression over the parameters of the seed's function, said with the call's arguments
+    (or the parameters' defaults); a name that is neither refuses."""
+    f = orig.func
+    tree = ast.parse(text, mode="eval")
+    defaults = {}
+    a = f.node.args
+    pos = [*getattr(a, "posonlyargs", []), *a.args]
+    for p, d in zip(pos[len(pos) - len(a.defaults):], a.defaults):
+        defaults[p.arg] = orig.module.src.code(d)
+    for p, d in zip(a.kwonlyargs, a.kw_defaults):
+        if d is not None:
+            defaults[p.arg] = orig.module.src.code(d)
+
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id in ("True", "False", "None", "bool", "float", "int", "str"):
+                return node
+            if node.id in f.positional or node.id in f.kwonly:
+                argv = cs.argument(node.id)
+                src = cs.module.src.code(argv) if argv is not None else defaults.get(node.id)
+                if src is None:
+                    raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} does not pass `{node.id}`")
+                return ast.parse(src, mode="eval").body
+            raise Refuse(f"amp.initialize in `{f.qualname}` depends on `{node.id}`, which its callers cannot see")
+
+    return ast.unparse(fold(Sub().visit(tree)))
+
+
+def fold(tree):
+    """Fold what became constant (``'O1' != 'O0'``, ``True and x``) after substitution."""
+    class Fold(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            if isinstance(node.left, ast.Constant) and len(node.ops) == 1 and isinstance(node.comparators[0], ast.Constant):
+                try:
+                    return ast.Constant(eval(compile(ast.Expression(node), "<fold>", "eval")))
+                except Exception:
+                    return node
+            return node
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id == "bool" and len(node.args) == 1 and \
+                    isinstance(node.args[0], ast.Constant):
+                return ast.Constant(bool(node.args[0].value))
+            return node
+
+        def visit_BoolOp(self, node):
+            self.generic_visit(node)
+            vals = []
+            for v in node.values:
+                if isinstance(v, ast.Constant) and isinstance(v.value, bool):
+                    if isinstance(node.op, ast.And) and v.value is False or isinstance(node.op, ast.Or) and v.value:
+                        return ast.Constant(v.value)
+                    continue
+                vals.append(v)
+            if not vals:
+                return ast.Constant(isinstance(node.op, ast.And))
+            return vals[0] if len(vals) == 1 else ast.BoolOp(op=node.op, values=vals)
+
+    return Fold().visit(tree)
+
+
+def runs_as_often(a, b, unit) -> bool:
+    """Whether every ``if`` that guards ``b`` (below the loops they share) guards ``a`` too: then
+    ``a`` never runs on an iteration where ``b`` does not."""
+    from ampfix.migration.flow import loops_around
+
+    la = loops_around(a, unit)
+    common = next((l for l in loops_around(b, unit) if any(l is x for x in la)), unit)
+    ga = {id(x) for x in guards(a, common)}
+    return all(id(x) in ga for x in guards(b, common))
+
+
+def insert_edit(at: int, text: str):
+    from ampfix.model.edits import Edit
+
+    return Edit(at, at, text)
+
+
+def in_tree(node, tree) -> bool:
+    p = node
+    while getattr(p, "_p", None) is not None:
+        p = p._p
+    return p is tree

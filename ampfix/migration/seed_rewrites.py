@@ -1,0 +1,440 @@
+"""The rewrites of a group's seeds: ``amp.initialize`` becomes a GradScaler where it ran (its options
+mapped), autocast for an inference seed, ``model.half()`` for O3, ``amp.init``."""
+from __future__ import annotations
+
+import ast
+from typing import List, Set
+
+from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
+from ampfix.migration.groups import Refuse
+from ampfix.migration.flow import (
+    ancestors_stmts, assigned, guards, read, stmt_of,
+)
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, scaler_call
+from ampfix.model.semantic import DEFS, block_of, dotted, walk
+from ampfix.migration.rewriter import substitute
+from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
+
+
+class SeedRewrites:
+    """The part of a group's plan (:class:`ampfix.migration.amp.GroupPlan`) that rewrites its seeds."""
+
+    def _exported_away(self, s: Seed) -> None:
+        """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
+        its arguments) and the function returns the model and optimizer as they are."""
+        after = self._reassign(s)
+        fc = self.fc(s.module)
+        if after:
+            fc.replace_statement(s.stmt, after)
+        else:
+            fc.remove(s.stmt)
+        self.notes.add(f"`{s.func.qualname}` no longer initializes apex: each caller makes the GradScaler")
+
+    def _options(self, s: Seed):
+        call = s.call
+        kws = kwargs(call)
+        notes: Set[str] = set()
+        scaler_args: List[str] = []
+        enabled = "True"
+        pure = False
+        level = kws.get("opt_level")
+        code = s.module.src.code
+        if level is None:
+            notes.add("opt_level defaulted to O1")
+        elif string_value(level) is not None:
+            lv = string_value(level).upper()
+            if lv == "O3":
+                pure = True
+            elif lv == "O0":
+                enabled = "False"
+            elif lv not in ("O1", "O2"):
+                raise Refuse(f"unknown opt_level {lv}")
+        else:
+            enabled = f'{code(level)} != "O0"'
+            notes.add("opt_level is not a literal: AMP is enabled unless it is O0 (O3 runs as O1)")
+        if "enabled" in kws:
+            e = as_bool(code(kws["enabled"]), kws["enabled"])
+            if pure:
+                raise Refuse("opt_level O3 with `enabled`: convert the model with .half() by hand")
+            enabled = "False" if is_const(kws["enabled"], False) else conj(e, enabled)
+        ls = kws.get("loss_scale")
+        if pure:
+            if ls is not None and number_value(ls) != 1:
+                raise Refuse("opt_level O3 with loss scaling: GradScaler cannot unscale float16 gradients; "
+                             "use opt_level O1 (autocast) or scale the loss by hand")
+            for k in kws:
+                if k not in ("opt_level", "loss_scale", "models", "optimizers", "verbosity"):
+                    raise Refuse(f"opt_level O3 with {k!r}: convert the model with .half() by hand")
+            return enabled, notes, scaler_args, pure
+        if ls is not None:
+            if string_value(ls) == "dynamic" or is_const(ls, None):
+                pass
+            elif number_value(ls) is not None:
+                scaler_args += [f"init_scale={code(ls)}", "growth_interval=2**31 - 1"]
+                notes.add(STATIC_NOTE)
+            elif isinstance(ls, (ast.Name, ast.Attribute, ast.Subscript)):
+                v = code(ls)
+                dyn = f'{v} in (None, 0, "dynamic")'
+                scaler_args += [f"init_scale=2.0**16 if {dyn} else float({v})",
+                                f"growth_interval=2000 if {dyn} else 2**31 - 1"]
+                notes.add("loss_scale chosen at run time: dynamic when it is None, 0 or 'dynamic', else static")
+            else:
+                raise Refuse("loss_scale is neither 'dynamic', a number nor a name")
+        for k in kws:
+            if k in NOTES:
+                notes.add(f"{k}: {NOTES[k]}")
+            elif k not in ("opt_level", "enabled", "loss_scale", "models", "optimizers"):
+                raise Refuse(f"amp.initialize argument {k!r} has no native mapping")
+        return enabled, notes, scaler_args, pure
+
+    def _hoist(self, s: Seed, enabled: str, reads: Set[str]):
+        """Where the scaler (or nothing) replaces the seed: (statement to put it before, enabled).
+
+        The seed's ``if`` guards (no ``else`` needed) fold into ``enabled``; any other enclosing
+        control flow refuses: the scaler must exist wherever the step runs."""
+        stmt = s.stmt
+        unit = s.unit
+        gs = guards(stmt, unit)
+        for a in ancestors_stmts(stmt, unit):
+            if a in gs or isinstance(a, DEFS):
+                continue
+            if isinstance(a, ast.If):  # stmt is in its else branch
+                if a.orelse and isinstance(a.orelse[0], ast.If) and len(a.orelse) == 1:
+                    raise Refuse(f"line {stmt.lineno} runs in one branch of the if/elif chain at line {a.lineno}: "
+                                 "the scaler must exist wherever the step runs; make it once, before, by hand")
+                raise Refuse(f"line {stmt.lineno} runs in the `else` of the `if` at line {a.lineno}: the scaler "
+                             "must exist wherever the step runs; make it once, before, by hand")
+            kind = {ast.For: "a `for` loop", ast.While: "a `while` loop", ast.With: "a `with` block"}.get(
+                type(a), "a `try` statement")
+            raise Refuse(f"line {stmt.lineno} runs inside {kind} (line {a.lineno}): the scaler must exist wherever "
+                         f"the step runs; make it once, before, by hand")
+        for gd in gs:
+            # a name the enabled expression reads, assigned in the guard before the seed: stop there
+            before = []
+            for x in gd.body:
+                if x is stmt or any(y is stmt for y in walk(x)):
+                    break
+                before.append(x)
+            if any(assigned(b) & reads for b in before):
+                raise Refuse(f"line {stmt.lineno}: `{', '.join(sorted(reads))}` is set inside the `if` at line "
+                             f"{gd.lineno}; make the scaler by hand")
+        cond = enabled
+        for gd in reversed(gs):
+            cond = conj(as_bool(s.module.src.code(gd.test), gd.test), cond) if cond != "False" else cond
+        return (gs[-1] if gs else stmt), cond
+
+    def _exported_options(self, s: Seed):
+        """The options of the seed a virtual seed came from, said in its caller's terms."""
+        orig, cs, telts, returned = s.exported_from
+        enabled, notes, scaler_args, pure = self._options(orig)
+        gs = guards(orig.stmt, orig.unit)
+        for gd in reversed(gs):
+            enabled = conj(as_bool(orig.module.src.code(gd.test), gd.test), enabled)
+        mapped = [substitute(x, orig, cs) for x in [enabled, *scaler_args]]
+        return mapped[0], notes, mapped[1:], pure
+
+    def _training_seed(self, s: Seed) -> None:
+        if getattr(s, "exported_from", None) is not None:
+            enabled, notes, scaler_args, pure = self._exported_options(s)
+        else:
+            enabled, notes, scaler_args, pure = self._options(s)
+        self.notes |= notes
+        m = s.module
+        code = m.src.code
+        fc = self.fc(m)
+        if pure:
+            self.pure = True
+            self._pure_fp16(s)
+            return
+        if getattr(s, "exported_from", None) is not None:
+            at, cond = self._hoist(s, enabled, set())
+            target = self._scaler_target(s)
+            col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
+            args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
+            made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+            self.enabled[s.idx] = cond
+            fc.insert_after(s.stmt, [made])
+            if target.startswith("self."):
+                self._default_in_init(s)
+            return
+        reads = read(s.call)
+        at, cond = self._hoist(s, enabled, reads)
+        self.enabled[s.idx] = cond
+        # apex's private first loss scale, set beside initialize (ViT-pytorch and its copies)
+        for u, c in self.g.needs:
+            if u.kind == "_amp_state" and u.module is m:
+                val = self._initial_scale(u)
+                scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
+                scaler_args.insert(0, f"init_scale={val}")
+                self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
+        args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
+        target = self._scaler_target(s)
+        col = m.src.char_col(at.lineno, at.col_offset)
+        made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+        after = self._reassign(s)
+        if at is s.stmt:
+            fc.replace_statement(s.stmt, [made, *after])
+        else:
+            fc.insert_before(at, [made])
+            if after:
+                fc.replace_statement(s.stmt, after)
+            else:
+                fc.remove(s.stmt)
+        if target.startswith("self."):
+            self._default_in_init(s)
+
+    def _scaler_target(self, s: Seed) -> str:
+        c = self.solver.solve(s.module, s.func)
+        return c.expr if c is not None else self.name
+
+    def _default_in_init(self, s: Seed) -> None:
+        """``self.scaler`` made in a method other than ``__init__``: ``__init__`` makes a disabled one
+        first, so that the other methods always find it."""
+        f = s.func
+        if f.node.name == "__init__" or id(f.cls) in self.default_made or self._called_from_init(f):
+            return
+        self.default_made.add(id(f.cls))
+        init = next((x for x in f.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and x.name == "__init__"), None)
+        if init is None:
+            raise Refuse(f"`self.{self.name}` is made in `{f.qualname}` and the class has no __init__ to make a "
+                         "disabled one first")
+        body = [b for b in init.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+        first = body[0] if body else init.body[0]
+        # after super().__init__(...)
+        for i, b in enumerate(body):
+            if isinstance(b, ast.Expr) and method_call(b.value, "__init__"):
+                first = body[i + 1] if i + 1 < len(body) else None
+                if first is None:
+                    self.fc(s.module).insert_after(b, [f"self.{self.name} = {scaler_call(self.s, ['enabled=False'])}"])
+                    return
+        self.fc(s.module).insert_before(first, [f"self.{self.name} = {scaler_call(self.s, ['enabled=False'])}"])
+
+    def _called_from_init(self, f) -> bool:
+        """Called unconditionally from its class's __init__: self.scaler always exists then."""
+        for cs in self.p.callers(f):
+            if cs.caller is not None and cs.caller.node.name == "__init__" and cs.caller.cls is f.cls:
+                st = stmt_of(cs.node)
+                if not guards(st, cs.caller.node) and not any(
+                        isinstance(a, (ast.If, ast.For, ast.While, ast.Try, ast.With))
+                        for a in ancestors_stmts(st, cs.caller.node)):
+                    return True
+        return False
+
+    def _reassign(self, s: Seed) -> List[str]:
+        """``a, b = amp.initialize(m, o)``: what the targets receive instead (nothing when they are
+        the arguments themselves)."""
+        assign = s.stmt
+        code = s.module.src.code
+        if isinstance(assign, ast.Expr) and assign.value is s.call:
+            return []
+        if not (isinstance(assign, ast.Assign) and assign.value is s.call and len(assign.targets) == 1):
+            raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
+        target = assign.targets[0]
+        src = [s.models] + ([s.optimizers] if s.optimizers is not None else [])
+        tnodes = list(target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
+        # `m, [o1, o2] = amp.initialize(m, [a, b])`: pair the inner lists element by element
+        flat_t, flat_s = [], []
+        for t, v in zip(tnodes, src):
+            if isinstance(t, (ast.List, ast.Tuple)) and isinstance(v, (ast.List, ast.Tuple)) and len(t.elts) == len(v.elts):
+                flat_t += t.elts
+                flat_s += v.elts
+            else:
+                flat_t.append(t)
+                flat_s.append(v)
+        if len(tnodes) == len(src):
+            tnodes, src = flat_t, flat_s
+        tnames = [code(e) for e in tnodes]
+        snames = [code(e) for e in src]
+        if len(tnames) == len(snames):
+            pairs = [(t, v) for t, v in zip(tnames, snames) if t != v and t != "_"]
+            if not pairs:
+                return []
+            return [f"{', '.join(t for t, _ in pairs)} = {', '.join(v for _, v in pairs)}"]
+        if len(tnames) == 1 and len(snames) > 1:
+            return [f"{tnames[0]} = {', '.join(snames)}"]
+        raise Refuse(f"amp.initialize at line {s.use.line} assigns {len(tnames)} names from {len(snames)} values")
+
+    def _pure_fp16(self, s: Seed) -> None:
+        """O3: the model itself in float16, and apex's cast of floating-point inputs kept as a
+        forward pre-hook."""
+        models = s.models
+        if isinstance(models, (ast.List, ast.Tuple)):
+            raise Refuse("opt_level O3 with a list of models: convert each with .half() by hand")
+        code = s.module.src.code
+        m = code(models)
+        out = [f"{m} = {m}.half()",
+               f"{m}.register_forward_pre_hook(lambda module, args: tuple(\n"
+               f"    a.half() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))"]
+        assign = s.stmt
+        if isinstance(assign, ast.Assign) and len(assign.targets) == 1:
+            target = assign.targets[0]
+            tnames = [code(e) for e in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+            vals = [m] + ([code(s.optimizers)] if s.optimizers is not None else [])
+            if len(tnames) == len(vals):
+                pairs = [(t, v) for t, v in zip(tnames, vals) if t != v and t != "_"]
+                if pairs:
+                    out.append(f"{', '.join(t for t, _ in pairs)} = {', '.join(v for _, v in pairs)}")
+            elif tnames != [m]:
+                raise Refuse(f"amp.initialize at line {s.use.line} assigns {len(tnames)} names from {len(vals)} values")
+        elif not isinstance(assign, ast.Expr):
+            raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
+        for a in ancestors_stmts(s.stmt, s.unit):
+            if not isinstance(a, (ast.If, *DEFS)):
+                raise Refuse(f"opt_level O3 inside a loop, with or try (line {a.lineno}): convert the model with "
+                             ".half() by hand")
+        # nothing else needs it: the model becomes float16 where apex made it so (under its guard)
+        self.fc(s.module).replace_statement(s.stmt, out)
+        self.g.note_at_anchor = ("O3 is pure float16: migrate makes it model.half(), with no master weights and no "
+                                 "loss scaling; opt_level O1's autocast is the safer choice")
+
+    def _inference_seed(self, s: Seed) -> None:
+        """``model = amp.initialize(model, opt_level=...)`` with no optimizer: what uses the model
+        after it runs under autocast (or the model is .half() for O3)."""
+        moved = getattr(s, "exported_from", None) is not None
+        enabled, notes, scaler_args, pure = self._exported_options(s) if moved else self._options(s)
+        self.notes |= {n for n in notes if "loss" not in n}
+        if pure:
+            if moved:
+                raise Refuse(f"opt_level O3 in `{s.exported_from[0].func.qualname}`: convert the model with .half() "
+                             "by hand where it is called")
+            self.pure = True
+            self._pure_fp16(s)
+            return
+        fc = self.fc(s.module)
+        at, cond = self._hoist(s, enabled, set() if moved else read(s.call))
+        if not moved:
+            after = self._reassign(s)
+            if after:
+                fc.replace_statement(s.stmt, after)
+            else:
+                fc.remove(s.stmt)
+        else:
+            at = s.stmt
+        model_names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
+        model_names.discard(None)
+        owner, field, block = block_of(at)
+        idx = next(i for i, x in enumerate(block) if x is at)
+        # apex patched torch for what ran after it: autocast covers the statements from the first
+        # that runs the model (or an object built from it) to the last such one
+        held = set(model_names)
+        touching = []
+        for j in range(idx + 1, len(block)):
+            x = block[j]
+            if isinstance(x, ast.Return):
+                break
+            if self._under_autocast(x):
+                continue
+            if self._uses_model(x, held) or self._calls_on(x, held - model_names):
+                if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
+                    raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
+                                 "without amp.scale_loss: add the scaled backward by hand")
+                touching.append(j)
+            held |= self._holders(x, held)
+        while touching and self._only_configures(block[touching[0]], model_names):
+            touching.pop(0)
+        regions = [(touching[0], touching[-1])] if touching else []
+        if not regions:
+            raise Refuse(f"nothing uses the model after amp.initialize at line {s.use.line} in this function, so "
+                         "autocast has no forward to cover")
+        for i, j in regions:
+            self._add_region(s.module, block, i, j, autocast_call(self.s, cond))
+        self.g.note_at_anchor = "inference: the model's forward runs under autocast (no GradScaler: nothing trains)"
+
+    def _holders(self, stmt, held: Set[str]) -> Set[str]:
+        """Names bound to an object built from the model (``r = Retriever(model)``,
+        ``m = get_model_obj(model)``): calling them may run it."""
+        out = set()
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+            call = stmt.value
+            name = (dotted(call.func) or "").split(".")[-1]
+            if any(dotted(a) in held for a in [*call.args, *(k.value for k in call.keywords)]) and (
+                    name[:1].isupper() or any(w in name.lower() for w in ("model", "encoder", "get_", "wrap"))):
+                for t in stmt.targets:
+                    out |= {dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]) if dotted(e)}
+        return out
+
+    def _calls_on(self, stmt, objs: Set[str]) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) in objs
+                   for n in [stmt, *walk(stmt)])
+
+    def _only_configures(self, stmt, names: Set[str]) -> bool:
+        """``model.eval()``, ``model.to(device)``: the model's own methods that do not run it."""
+        return isinstance(stmt, ast.Expr) and method_call(stmt.value, "eval", "train", "to", "cuda", "half", "float",
+                                                         "requires_grad_") and dotted(receiver(stmt.value)) in names
+
+    def _uses_model(self, stmt, names: Set[str]) -> bool:
+        """Whether a statement runs the model: calls it, or hands it to a function that may (not
+        a torch wrapper such as DataParallel or torch.jit.script, not one of its own methods)."""
+        sem = self._sem_of(stmt)
+        for n in [stmt, *walk(stmt, into_functions=False)]:
+            if isinstance(n, ast.Call):
+                if dotted(n.func) in names:
+                    return True
+                # its submodules and methods that compute (encoder.c(x), model.generate(x))
+                if (isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names
+                        and n.func.attr not in NOT_FORWARD):
+                    return True
+                if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
+                    if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:
+                        continue
+                    if any(q.startswith("torch.") or q.startswith("builtins.") for q in sem.qnames(n)):
+                        continue
+                    return True
+        return False
+
+    def _amp_init(self, s: Seed) -> None:
+        """apex's first API, ``handle = amp.init(enabled=...)``: it patched torch for the rest of the
+        run.  Natively, autocast covers the statements after it, in its block."""
+        call = s.call
+        kws = kwargs(call)
+        for k in kws:
+            if k not in ("enabled", "verbose", "enable_caching"):
+                raise Refuse(f"amp.init argument {k!r} has no native mapping")
+        code = s.module.src.code
+        enabled = as_bool(code(kws["enabled"]), kws["enabled"]) if "enabled" in kws else "True"
+        stmt = s.stmt
+        if isinstance(stmt, ast.Assign):
+            handle = {dotted(t) for t in stmt.targets}
+            m = s.module
+            for n in walk(m.tree, into_functions=True):
+                if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and dotted(n) in handle:
+                    raise Refuse(f"the handle of amp.init is used at line {n.lineno}: migrate it by hand")
+        elif not isinstance(stmt, ast.Expr):
+            raise Refuse(f"amp.init at line {s.use.line} is not a statement of its own")
+        at, cond = self._hoist(s, enabled, read(call))
+        fc = self.fc(s.module)
+        fc.remove(s.stmt)
+        owner, field, block = block_of(at)
+        idx = next(i for i, x in enumerate(block) if x is at)
+        rest = [j for j in range(idx + 1, len(block)) if not isinstance(block[j], (ast.Return, *DEFS))]
+        while rest and rest[-1] != len(block) - 1 and False:
+            rest.pop()
+        if not rest:
+            raise Refuse(f"nothing runs after amp.init at line {s.use.line}")
+        end = rest[-1]
+        if isinstance(block[end], ast.Return):
+            end -= 1
+        self._add_region(s.module, block, rest[0], end, autocast_call(self.s, cond))
+        self.g.description = "apex.amp.init -> torch.autocast around what follows it"
+
+    def _initial_scale(self, u: Use) -> str:
+        """``amp._amp_state.loss_scalers[0]._loss_scale = 2**20``: the value, and the line goes."""
+        n = u.node
+        sub, attr = getattr(n, "_p", None), getattr(getattr(n, "_p", None), "_p", None)
+        stmt = stmt_of(n)
+        code = u.module.src.code
+        if not (isinstance(sub, ast.Subscript) and isinstance(attr, ast.Attribute) and attr.value is sub
+                and attr.attr == "_loss_scale" and code(sub.slice) == "0"
+                and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.targets[0] is attr):
+            raise Refuse(f"apex's private state is used at line {u.line}: migrate it by hand")
+        value = stmt.value
+        if any(isinstance(x, (ast.Name, ast.Attribute, ast.Call)) for x in [value, *walk(value)]):
+            raise Refuse(f"the loss scale set at line {stmt.lineno} is not a number")
+        self.fc(u.module).remove(stmt)
+        return code(value)
+
+    def _private_scale(self, u: Use) -> None:
+        seeds = [s for s in self.g.seeds if s.module is u.module]
+        if not seeds:
+            raise Refuse(f"apex's private loss scale at line {u.line} is not beside amp.initialize")

@@ -1,0 +1,126 @@
+"""What the apex.amp migration starts from: the uses of apex.amp in a project (:class:`Use`),
+the ``amp.initialize`` calls that make a scaler (:class:`Seed`), and how a use reaches that
+scaler (:class:`Carrier`: a local, a closure, a module global, ``self.scaler``, a parameter)."""
+from __future__ import annotations
+
+import ast
+from typing import List, Optional, Set
+
+from ampfix.migration.flow import (
+    stmt_of,
+)
+from ampfix.rule import ImportSpec
+from ampfix.model.semantic import walk
+
+
+NOTES = {
+    "keep_batchnorm_fp32": "autocast keeps batch norm in float32 itself",
+    "master_weights": "the model stays float32, so its weights are the master weights",
+    "cast_model_type": "the model stays float32; autocast casts per op",
+    "patch_torch_functions": "autocast replaces the patching",
+    "cast_model_outputs": "autocast outputs follow each op's dtype",
+    "num_losses": "one GradScaler serves every loss",
+    "min_loss_scale": "GradScaler has no lower bound on the scale",
+    "max_loss_scale": "GradScaler has no upper bound on the scale",
+    "verbosity": "not needed",
+}
+SCALER_KINDS = {"scale_loss", "master_params", "state_dict", "load_state_dict", "_amp_state", ""}
+FUNCTION_KINDS = {"float_function", "half_function", "promote_function", "register_float_function",
+                  "register_half_function", "register_promote_function", "disable_casts"}
+
+
+def availability_check(node) -> Optional[ast.stmt]:
+    """The statement, when a bare apex name only checks that apex is installed:
+    ``assert amp is not None, ...`` or ``if amp is None: raise ...``."""
+    st = stmt_of(node)
+    if isinstance(st, ast.Assert) and any(n is node for n in walk(st.test)):
+        return st
+    if isinstance(st, ast.If) and any(n is node for n in walk(st.test)) and not st.orelse and \
+            all(isinstance(x, (ast.Raise, ast.Expr)) for x in st.body) and any(isinstance(x, ast.Raise) for x in st.body):
+        return st
+    return None
+
+
+SCALER_STATE_HELPER = '''def _scaler_state(scaler, state):
+    """GradScaler state from a checkpoint, also one that apex.amp saved before the migration."""
+    if "loss_scaler0" in state:  # apex.amp.state_dict(): {"loss_scaler0": {"loss_scale", "unskipped"}}
+        old = state["loss_scaler0"]
+        return {**scaler.state_dict(), "scale": float(old["loss_scale"]), "_growth_tracker": int(old["unskipped"])}
+    return state
+'''
+
+
+def kind_of(qname: str) -> str:
+    return qname[len("apex.amp."):].split(".")[0] if qname.startswith("apex.amp.") else ""
+
+
+#: methods of a model that do not run its forward pass
+NOT_FORWARD = frozenset({
+    "eval", "train", "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "requires_grad_", "parameters",
+    "named_parameters", "buffers", "named_buffers", "modules", "named_modules", "children", "named_children",
+    "state_dict", "load_state_dict", "zero_grad", "apply", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_buffer", "register_parameter", "add_module", "share_memory",
+    "type", "get_submodule", "get_parameter", "extra_repr", "__repr__"})
+
+
+class Use:
+    def __init__(self, module, node, qname: str) -> None:
+        self.module = module
+        self.node = node
+        self.qname = qname
+        self.kind = kind_of(qname)
+        p = getattr(node, "_p", None)
+        self.call = p if isinstance(p, ast.Call) and p.func is node else None
+        self.func = module.function_of(node)
+        if self.kind == "" and availability_check(node) is not None:
+            self.kind = "check"
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno
+
+
+class Seed:
+    """An ``amp.initialize(...)`` / ``amp.init(...)``: what it makes and where."""
+
+    def __init__(self, use: Use, idx: int) -> None:
+        self.use = use
+        self.idx = idx
+        self.module = use.module
+        self.func = use.func
+        self.call = use.call
+        self.stmt = stmt_of(use.node)
+        self.models = None
+        self.optimizers = None
+        self.training = False
+
+    @property
+    def unit(self):
+        return self.func.node if self.func is not None else self.module.tree
+
+
+class Carrier:
+    """How a function gets the scaler: ``expr`` is what it writes (``scaler``, ``self.scaler``)."""
+
+    def __init__(self, kind: str, seeds: Set[int], expr: str, sites=()) -> None:
+        self.kind = kind
+        self.seeds = seeds
+        self.expr = expr
+        self.sites = list(sites)
+
+
+
+
+def apex_import_specs(module) -> List[ImportSpec]:
+    """Every import of apex in a module, as specs the tidy removes once nothing reads them."""
+    out = []
+    for imp in module.sem.imports:
+        if isinstance(imp, ast.Import):
+            for a in imp.names:
+                if a.name.split(".")[0] == "apex":
+                    out.append(ImportSpec(a.name if a.asname else a.name, None, a.asname))
+        elif not imp.level and imp.module and imp.module.split(".")[0] == "apex":
+            for a in imp.names:
+                if a.name != "*":
+                    out.append(ImportSpec(imp.module, a.name, a.asname))
+    return out

@@ -1,0 +1,393 @@
+"""The rewrites of a group's uses: ``amp.scale_loss`` (the scaled backward, the autocast region
+around what computes the loss), the optimizer steps and ``scaler.update()``, ``amp.master_params``
+(unscale and clip), apex's state in checkpoints."""
+from __future__ import annotations
+
+import ast
+from typing import Optional, Set
+
+from ampfix.model.analysis import arg, kwargs, method_call, receiver
+from ampfix.migration.groups import Refuse
+from ampfix.migration.flow import (
+    ancestors_stmts, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
+)
+from ampfix.migration.spell import autocast_call
+from ampfix.model.semantic import dotted, walk
+from ampfix.migration.placement import Solver
+from ampfix.migration.rewriter import runs_as_often
+from ampfix.migration.seeds import SCALER_STATE_HELPER, Carrier, Use
+
+
+class UseRewrites:
+    """The part of a group's plan (:class:`ampfix.migration.amp.GroupPlan`) that rewrites its uses."""
+
+    def _key(self, u: Use):
+        return Solver.key(u.module, u.func)
+
+    def _scaler_in(self, module, func, c: Optional[Carrier]) -> str:
+        return c.expr if c is not None else self.name
+
+    def _autocast_enabled(self, module, func, c: Carrier) -> str:
+        """What autocast's enabled= says in a function: the seed's condition where it is visible,
+        else the scaler's own."""
+        if c.kind in ("local", "closure") and len(c.seeds) == 1:
+            idx = next(iter(c.seeds))
+            return self.enabled.get(idx, "True")
+        return f"{c.expr}.is_enabled()"
+
+    def _scale_loss(self, u: Use, c: Carrier) -> None:
+        call = u.call
+        if call is None:
+            raise Refuse(f"amp.scale_loss at line {u.line} is not called")
+        item = getattr(call, "_p", None)
+        w = getattr(item, "_p", None)
+        if not (isinstance(item, ast.withitem) and isinstance(w, ast.With) and len(w.items) == 1):
+            raise Refuse(f"amp.scale_loss at line {u.line} is not a plain `with` statement")
+        loss = arg(call, "loss", 0)
+        opt = arg(call, "optimizers", 1)
+        if loss is None or opt is None:
+            raise Refuse(f"amp.scale_loss at line {u.line} lacks its loss or optimizer")
+        kws = kwargs(call)
+        if "loss_id" in kws:
+            self.notes.add("loss_id: one GradScaler serves every loss")
+        if "delay_unscale" in kws:
+            self.notes.add("delay_unscale: GradScaler unscales only in scaler.step()")
+        for k in kws:
+            if k not in ("loss", "optimizers", "loss_id", "delay_unscale", "model", "delay_overflow_check"):
+                raise Refuse(f"amp.scale_loss argument {k!r} has no native mapping")
+        code = u.module.src.code
+        fc = self.fc(u.module)
+        key = self._key(u)
+        if isinstance(opt, (ast.List, ast.Tuple)):
+            names = [code(e) for e in opt.elts]
+        else:
+            names = [code(opt)]
+        self.scaled.setdefault(key, set()).update(names)
+        scaler = c.expr
+        alias = item.optional_vars.id if isinstance(item.optional_vars, ast.Name) else None
+        if item.optional_vars is not None and alias is None:
+            raise Refuse(f"amp.scale_loss at line {u.line} binds something other than a name")
+        body = w.body
+        first = body[0]
+        loss_code = code(loss)
+        scaled = f"{scaler}.scale({loss_code})" if not self.pure else loss_code
+        if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
+            scaled = f"{scaler}.scale({loss_code})" if not self.pure else f"({loss_code})"
+        rest_uses = alias is not None and any(alias in read(x) for x in body[1:])
+        simple = (isinstance(first, ast.Expr) and method_call(first.value, "backward")
+                  and dotted(receiver(first.value)) == alias and not rest_uses)
+        if w.lineno == first.lineno:
+            # `with amp.scale_loss(loss, opt) as s: s.backward()` on one line
+            if not (simple and len(body) == 1):
+                raise Refuse(f"line {w.lineno}: the body of `with amp.scale_loss` shares its line")
+            call = first.value
+            fc.replace_statement(w, [f"{scaled}{u.module.src.code(call)[len(u.module.src.code(receiver(call))):]}"])
+            site = self._collapse(u, w, loss_code)
+            self.backward_sites.setdefault(key, []).append(site)
+            if not self.pure:
+                self._plan_region(u, c, site, loss)
+            return
+        if simple:
+            fc.replace(receiver(first.value), scaled)
+        else:
+            fc.insert_before(first, [f"{alias or '_'} = {scaled}"])
+        fc.unwrap(w, body)
+        fc.touched.add(id(w))
+        site = self._collapse(u, w, loss_code)
+        self.backward_sites.setdefault(key, []).append(site)
+        if not self.pure:
+            self._plan_region(u, c, site, loss)
+
+    def _collapse(self, u: Use, w: ast.With, loss_code: str):
+        """``if fp16: <scaled backward ...> else: <loss.backward() ...>`` becomes the scaled path
+        alone when the else branch is its fp32 twin; returns the statement the backward is in now."""
+        gd = getattr(w, "_p", None)
+        if not (isinstance(gd, ast.If) and gd.orelse and any(x is w for x in gd.body)):
+            return w
+        els = gd.orelse
+        if not any(isinstance(x, ast.Expr) and method_call(x.value, "backward") and
+                   u.module.src.code(receiver(x.value)) == loss_code for x in els):
+            return w
+        # every else statement must be the twin of one in the body: the backward, a clip
+        body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w and not (
+            isinstance(x, (ast.Import, ast.ImportFrom)) and "apex" in u.module.src.code(x))]  # the import goes
+        else_kinds = [self._kind(x, u.module) for x in els if not (
+            isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
+        if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
+            return w
+        fc = self.fc(u.module)
+        fc.unwrap(gd, gd.body)
+        fc.touched.add(id(gd))
+        return gd
+
+    def _plan_region(self, u: Use, c: Carrier, site, loss) -> None:
+        """The autocast region of the forward pass that computes ``loss``: before the scaled
+        backward in its function, or in every caller when the loss is a parameter."""
+        func = u.func
+        unit = func.node if func is not None else u.module.tree
+        barriers = [s.stmt for s in self.g.seeds if s.module is u.module]
+        if self._under_autocast(site):
+            return
+        region, missing = forward_region(site, loss, unit, barriers, self._models(u.module, func))
+        header = autocast_call(self.s, self._autocast_enabled(u.module, func, c))
+        if region is not None:
+            if any(self._under_autocast(x) for x in region.stmts):
+                return
+            self._add_region(u.module, region.block, region.first, region.last, header)
+            return
+        params = set(func.positional if func else []) | set(func.kwonly if func else [])
+        missing_params = missing & params
+        if func is None or not missing_params or len(missing_params) > 1:
+            raise Refuse(f"the loss `{u.module.src.code(loss)}` is not computed before the scaled backward at line "
+                         f"{u.line}: wrap its forward pass in {header} by hand")
+        param = next(iter(missing_params))
+        sites = self.p.callers(func)
+        if not sites or self.p.references(func):
+            raise Refuse(f"the loss reaches line {u.line} as the parameter `{param}` of `{func.qualname}`, whose "
+                         "callers cannot all be followed: wrap their forward passes in autocast by hand")
+        for cs in sites:
+            a = cs.argument(param)
+            call_stmt = stmt_of(cs.node)
+            if a is None or not isinstance(a, (ast.Name, ast.Attribute)):
+                raise Refuse(f"`{func.qualname}` at {cs.module.path} line {cs.node.lineno} gets the loss as an "
+                             "expression: compute it first, or wrap the forward in autocast by hand")
+            cunit = cs.caller.node if cs.caller else cs.module.tree
+            if self._under_autocast(call_stmt):
+                continue
+            r, still = forward_region(call_stmt, a, cunit, [s.stmt for s in self.g.seeds if s.module is cs.module])
+            if r is None:
+                raise Refuse(f"the loss passed to `{func.qualname}` at {cs.module.path} line {cs.node.lineno} is not "
+                             "computed before it")
+            cc = self.solver.solve(cs.module, cs.caller)
+            hdr = autocast_call(self.s, self._autocast_enabled(cs.module, cs.caller, cc) if cc else "True")
+            self._add_region(cs.module, r.block, r.first, r.last, hdr)
+
+    def _models(self, module, func) -> Set[str]:
+        """Names that hold an initialized model where a region is planned (a region starts at
+        the first statement that uses one: input preparation stays outside)."""
+        out: Set[str] = set()
+        for s in self.g.seeds:
+            if s.models is None or s.module is not module:
+                continue
+            names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
+            if isinstance(s.stmt, ast.Assign) and not getattr(s, "exported_from", None):
+                t = s.stmt.targets[0]
+                names |= {dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
+            names.discard(None)
+            if s.func is func:
+                out |= names
+            elif func is not None and s.func is not None and func.cls is not None and func.cls is s.func.cls:
+                # another method of the seed's class: what the seed's method keeps on self
+                out |= {n for n in names if n.startswith("self.")}
+                for x in walk(s.func.node):
+                    if isinstance(x, ast.Assign) and dotted(x.value) in names:
+                        out |= {dotted(t) for t in x.targets if (dotted(t) or "").startswith("self.")}
+        return out - {"self", None}
+
+    # -- steps and update ----------------------------------------------------------------------
+    def _steps(self) -> None:
+        """Every ``opt.step()`` of a scaled optimizer that follows a scaled backward in its function
+        becomes ``scaler.step(opt)``; one ``scaler.update()`` follows the last of them."""
+        for u, c in self.g.needs:
+            if u.kind != "scale_loss":
+                continue
+        done = set()
+        for u, c in self.g.needs:
+            if u.kind != "scale_loss":
+                continue
+            key = self._key(u)
+            if key in done:
+                continue
+            done.add(key)
+            unit = u.func.node if u.func is not None else u.module.tree
+            names = self.scaled.get(key, set())
+            loop_vars = self._loop_vars(unit, names)
+            backs = self.backward_sites.get(key, [])
+            steps = []
+            for n in walk(unit):
+                if method_call(n, "step") and not n.args and not n.keywords:
+                    r = u.module.src.code(receiver(n))
+                    if r in names or r in loop_vars:
+                        steps.append(n)
+            converted = [s for s in steps if follows(stmt_of(s), backs, unit)]
+            self.steps_of[key] = converted
+            if not converted:
+                self._steps_elsewhere(u, c, names)
+                continue
+            fc = self.fc(u.module)
+            for s in converted:
+                st = stmt_of(s)
+                if not (isinstance(st, ast.Expr) and st.value is s):
+                    raise Refuse(f"`{u.module.src.code(s)}` at line {s.lineno} is not a statement of its own")
+                fc.replace(s, f"{c.expr}.step({u.module.src.code(receiver(s))})")
+            last = max(converted, key=lambda n: (n.lineno, n.col_offset))
+            anchor = stmt_of(last)
+            # after a loop over the optimizers, once
+            for a in ancestors_stmts(anchor, unit):
+                if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
+                    anchor = a
+            fc.insert_after(anchor, [f"{c.expr}.update()"])
+
+    def _loop_vars(self, unit, names: Set[str]) -> Set[str]:
+        out = set()
+        for n in walk(unit):
+            if isinstance(n, (ast.For, ast.AsyncFor)) and isinstance(n.target, ast.Name):
+                it = n.iter
+                if dotted(it) in names or (isinstance(it, ast.Call) and method_call(it, "values") and dotted(receiver(it)) in names):
+                    out.add(n.target.id)
+        return out
+
+    @staticmethod
+    def _targets(loop) -> Set[str]:
+        return {dotted(t) for t in ([loop.target] if not isinstance(loop.target, ast.Tuple) else loop.target.elts)}
+
+    def _steps_elsewhere(self, u: Use, c: Carrier, names: Set[str]) -> None:
+        func = u.func
+        raise Refuse(f"the step of `{', '.join(sorted(names))}` after the scaled backward at line {u.line} is not in "
+                     f"`{func.qualname if func else 'module level'}`: migrate the step by hand")
+
+    # -- master_params, state ---------------------------------------------------------------------
+    def _master_params(self, u: Use, c: Carrier) -> None:
+        """``amp.master_params(opt)`` -> the optimizer's parameters, unscaled first where the
+        gradients are read after a scaled backward.  ``scaler.unscale_`` may run once per step: a
+        clip that runs more often than the step (every micro-batch of an accumulation) moves to
+        the step (:meth:`_clip_at_the_step`)."""
+        call = u.call
+        opt = arg(call, "optimizer", 0) if call is not None else None
+        if opt is None:
+            raise Refuse(f"amp.master_params at line {u.line} is not called with an optimizer")
+        code = u.module.src.code
+        o = code(opt)
+        fc = self.fc(u.module)
+        params = f'(p for group in {o}.param_groups for p in group["params"])'
+        st = stmt_of(call)
+        key = self._key(u)
+        unit = u.func.node if u.func is not None else u.module.tree
+        backs = self.backward_sites.get(key, [])
+        steps = self.steps_of.get(key, [])
+        if not self.pure and follows(st, backs, unit) and steps and not any(
+                runs_as_often(st, stmt_of(s), unit) for s in steps):
+            self._clip_at_the_step(u, c, call, steps, o, params)
+            return
+        fc.replace(call, params)
+        if self.pure or not follows(st, backs, unit):
+            return
+        done = getattr(self, "_unscaled", None)
+        if done is None:
+            done = self._unscaled = []
+        if any(m is u.module and oo == o and dominates(prev, st) for m, oo, prev in done):
+            return
+        done.append((u.module, o, st))
+        fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
+        self._collapse_clip(u, st)
+
+    def _clip_at_the_step(self, u: Use, c: Carrier, call, steps, o: str, params: str) -> None:
+        """A clip of ``amp.master_params(opt)`` on every micro-batch, where the optimizer steps less
+        often (gradient accumulation): apex had unscaled the gradients after each backward, native
+        AMP unscales once per step.  Scaling the threshold by ``scaler.get_scale()`` would keep the
+        numbers but copy the scale to the host on every micro-batch (a sync, AMP303), so the clip
+        moves to the step, after ``scaler.unscale_(opt)``: once per step, on the accumulated
+        gradients.  That differs from clipping each partial sum when accumulating, so the fix is
+        unsafe and says so."""
+        code = u.module.src.code
+        clip = getattr(call, "_p", None)
+        if not (isinstance(clip, ast.Call) and "clip_grad" in (dotted(clip.func) or "") and clip.args
+                and clip.args[0] is call):
+            raise Refuse(f"amp.master_params at line {u.line} is read on micro-batches where the optimizer does "
+                         "not step: migrate it by hand")
+        st = stmt_of(clip)
+        if not (isinstance(st, ast.Expr) and st.value is clip):
+            raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch and its result is used; native AMP "
+                         "unscales once per optimizer step: move the clip to the step by hand")
+        if len(steps) != 1:
+            raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch and the optimizer steps in "
+                         f"{len(steps)} places: move the clip to the step by hand")
+        # a clip under its own condition (`if max_norm > 0:`) moves with it
+        gd = getattr(st, "_p", None)
+        mover = st
+        if isinstance(gd, ast.If) and gd.body == [st] and not gd.orelse and id(gd) not in self.fc(u.module).touched:
+            mover, gd = gd, getattr(gd, "_p", None)
+        # only where both precisions clipped alike: under no guard, or under the fp16/fp32 branches
+        # the migration made one (else the fp32 path would clip twice)
+        step_st = stmt_of(steps[0])
+        la = loops_around(mover, u.func.node if u.func is not None else u.module.tree)
+        common = next((l for l in loops_around(step_st, u.func.node if u.func is not None else u.module.tree)
+                       if any(l is x for x in la)), None)
+        twin = isinstance(gd, ast.If) and gd.body == [mover] and len(gd.orelse) == 1 \
+            and self._kind(gd.orelse[0], u.module) == self._kind(mover, u.module)
+        left = [g for g in guards(mover, common) if id(g) not in self.fc(u.module).touched and not (twin and g is gd)]
+        if left:
+            raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch under the condition at line "
+                         f"{left[0].lineno}, and native AMP unscales once per optimizer step: move the clip to the "
+                         "step by hand (scaler.unscale_ first)")
+        # the fp32 branch beside it often clips the same parameters by their own name: reuse it
+        gone = mover
+        if twin:
+            gone = gd
+        for sib in (gd.orelse if isinstance(gd, ast.If) and any(mover is s for s in gd.body) else []):
+            sib = sib.body[0] if isinstance(sib, ast.If) and len(sib.body) == 1 and not sib.orelse else sib
+            v = sib.value if isinstance(sib, ast.Expr) else None
+            if isinstance(v, ast.Call) and dotted(v.func) == dotted(clip.func) and v.args:
+                params = code(v.args[0])
+        if clip.lineno == clip.end_lineno:
+            text = code(clip)
+            i = text.index(code(call))
+            moved = text[:i] + params + text[i + len(code(call)):]
+        else:
+            copy = ast.Call(func=clip.func, args=[ast.parse(params, mode="eval").body, *clip.args[1:]],
+                            keywords=clip.keywords)
+            moved = ast.unparse(copy)
+        fc = self.fc(u.module)
+        fc.remove(gone)
+        lines = [moved]
+        if mover is not st:
+            lines = [f"if {code(mover.test)}:", self._indent_unit(u.module, mover, st) + moved]
+        fc.insert_before(step_st, [f"{c.expr}.unscale_({o})", *lines])
+        self.g.unsafe = ("the gradient clip ran on every micro-batch and now runs once per optimizer step, after "
+                         "scaler.unscale_, on the accumulated gradients: with accumulation the two differ; "
+                         "no host sync is added")
+
+    @staticmethod
+    def _indent_unit(module, outer, inner) -> str:
+        """The indentation one block adds in this file (``inner`` sits one block inside ``outer``)."""
+        a, b = module.src.line_text(outer.lineno), module.src.line_text(inner.lineno)
+        return b[len(a) - len(a.lstrip()):len(b) - len(b.lstrip())] or "    "
+
+    def _collapse_clip(self, u: Use, st) -> None:
+        """``if fp16: clip(amp.master_params(opt)) else: clip(model.parameters())`` -> the first."""
+        gd = getattr(st, "_p", None)
+        if not (isinstance(gd, ast.If) and gd.body == [st] and len(gd.orelse) == 1) or id(gd) in self.fc(u.module).touched:
+            return
+        if self._kind(gd.orelse[0], u.module) == self._kind(st, u.module) and self._kind(st, u.module)[0] == "clip":
+            fc = self.fc(u.module)
+            fc.unwrap(gd, gd.body)
+            fc.touched.add(id(gd))
+
+    def _state_dict(self, u: Use, c: Carrier) -> None:
+        """``amp.state_dict()`` -> the scaler's; ``amp.load_state_dict(x)`` -> the scaler's, through a
+        helper that also reads what apex saved before the migration (its
+        ``{"loss_scaler0": {"loss_scale", "unskipped"}}``), so old checkpoints still resume."""
+        if self.pure:
+            raise Refuse(f"amp.{u.kind} at line {u.line}: O3 has no loss scaler to save")
+        fc = self.fc(u.module)
+        if u.kind == "state_dict":
+            fc.replace(u.node, f"{c.expr}.state_dict")
+            return
+        call = u.call
+        if call is None or len(call.args) != 1 or call.keywords:
+            raise Refuse(f"amp.load_state_dict at line {u.line} is not called with one state")
+        code = u.module.src.code
+        fc.replace(call, f"{c.expr}.load_state_dict(_scaler_state({c.expr}, {code(call.args[0])}))")
+        from ampfix.migration.groups import add_module_helper
+
+        add_module_helper(fc, u.module, SCALER_STATE_HELPER, "_scaler_state")
+        self.notes.add("old checkpoints: _scaler_state() reads apex's loss-scaler state too")
+
+    def _bare(self, u: Use, c: Carrier) -> None:
+        """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
+        state_dict/load_state_dict): the scaler has both."""
+        p = getattr(u.node, "_p", None)
+        if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
+            self.fc(u.module).replace(u.node, c.expr)
+            return
+        raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
