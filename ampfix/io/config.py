@@ -264,3 +264,39 @@ def check_version(value, origin="--torch-version"):
         return parse_version(str(value))
     except ValueError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
+
+
+def _csv(text) -> List[str]:
+    if text is None:
+        return []
+    if isinstance(text, (list, tuple)):
+        return [str(t).strip() for t in text if str(t).strip()]
+    return [t for t in str(text).replace(" ", ",").split(",") if t]
+
+
+def apply_overrides(cfg: Config, start: Path, *, select=None, extend_select=None, ignore=None, target=None,
+                    torch_version=None, extend_exclude=(), respect_gitignore: bool = True,
+                    origin: str = "--") -> Config:
+    """Flags (the command line's, or an editor's initializationOptions) over a loaded
+    configuration: they win over every file.  Lists or comma-separated strings."""
+    if select is not None:
+        cfg.select = _csv(select)
+        if not expand(cfg.select, f"{origin}select") and not any(s.strip().upper() in ENGINE_CODES for s in cfg.select):
+            raise ConfigError(f"{origin}select {select!r} selects no rule (give codes or prefixes, e.g. AMP1, or ALL)")
+    if extend_select:
+        cfg.extend_select += _csv(extend_select)
+        expand(cfg.extend_select, f"{origin}extend-select")
+    if ignore:
+        cfg.ignore += _csv(ignore)
+        expand(cfg.ignore, f"{origin}ignore")
+    if target:
+        cfg.settings = cfg.settings.with_overrides(target=check_target(target, f"{origin}target"))
+    if torch_version:
+        cfg.settings = cfg.settings.with_overrides(torch_version=check_version(torch_version, f"{origin}torch-version"),
+                                                   torch_version_source=f"{origin}torch-version")
+    else:
+        cfg = with_pinned_torch(cfg, start)
+    cfg.extend_exclude += list(extend_exclude or ())
+    if not respect_gitignore:
+        cfg.respect_gitignore = False
+    return cfg
