@@ -501,6 +501,19 @@ def explain(code):
     click.echo(rule.documentation())
 
 
+@main.command()
+def server():
+    """Run the language server over stdio (editors: see the README).  Needs pygls:
+    pip install "ampfix[server]"."""
+    try:
+        from ampfix.server import main as serve
+    except ImportError as exc:
+        click.echo(f"ampfix: error: ampfix server needs pygls and lsprotocol ({exc.name} is missing): "
+                   "pip install 'ampfix[server]'", err=True)
+        sys.exit(EXIT_ERROR)
+    serve()
+
+
 @main.command("convert-checkpoint")
 @click.argument("old", type=click.Path())
 @click.argument("new", type=click.Path())
