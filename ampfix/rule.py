@@ -203,14 +203,17 @@ def edits_of(fixes: Sequence[Fix]) -> List[Edit]:
 
 @dataclass(frozen=True)
 class FileFinding:
-    """A line of a non-Python file (requirements, Dockerfile...) that a file rule reports;
-    ``removable``: the fix is to drop the line, and the rule says it may go now."""
+    """A line of a non-Python file (requirements, Dockerfile, a YAML config...) that a file rule
+    reports; ``removable``: the fix is to drop the line, and the rule says it may go now;
+    ``replacement``: the fix is this text instead of the line (its comment and end kept by the
+    rule)."""
 
     line: int  # 1-based
     col: int  # 1-based
     message: str
     removable: bool = False
     fix_description: str = "remove the line"
+    replacement: Optional[str] = None
 
 
 class Facts(_Memo):

@@ -21,6 +21,7 @@ from ampfix.rules.debug_api import DebugApi
 from ampfix.rules.deprecated_cuda_amp import DeprecatedCudaAmp
 from ampfix.rules.determined_apex import DeterminedApex
 from ampfix.rules.eval_no_grad import EvalNoGrad
+from ampfix.rules.framework_config_apex import FrameworkConfigApex
 from ampfix.rules.huggingface_apex import HuggingFaceApex
 from ampfix.rules.lightning_apex import LightningApex
 from ampfix.rules.manual_half import ManualHalf
@@ -47,6 +48,7 @@ RULES = [
     LightningApex,
     HuggingFaceApex,
     DeterminedApex,
+    FrameworkConfigApex,
     DataParallelAutocast,
     DeprecatedCudaAmp,
     ScalerInLoop,

@@ -15,7 +15,7 @@ from ampfix.model.diagnostic import Diagnostic, FileResult
 from ampfix.rule import Facts, FileRule
 
 #: folders under a project where these files live, besides the root
-_SUBDIRS = ("requirements", "docker", "env", "envs", "ci", ".devcontainer")
+_SUBDIRS = ("requirements", "docker", "env", "envs", "ci", ".devcontainer", "configs", "config", "conf")
 
 
 def file_rules(rules: Iterable[type]) -> List[type]:
@@ -92,24 +92,29 @@ def check(files: Sequence[Path], codes_for, rules: Sequence[type], python: Dict[
         matching = [r for r in rules if r.code in codes and r.matches(path.name)]
         facts = Facts(python, whole=covered(path, paths))
         drop: Dict[int, List[str]] = {}
+        replace: Dict[int, str] = {}
         described: Dict[int, str] = {}
         diags = []
         lines = text.splitlines()
         for rule in matching:
             inst = rule()
             for f in inst.check_file(name, text, facts):
-                removable = f.removable and facts.whole
+                removable = (f.removable or f.replacement is not None) and facts.whole
                 line_text = lines[f.line - 1] if f.line - 1 < len(lines) else ""
                 d = Diagnostic(name, f.line, f.col, f.line, len(line_text) + 1, rule.code, rule.name, f.message,
                                fix="safe" if removable else None,
                                fix_description=f.fix_description if removable else None)
                 if fix and removable:
                     drop.setdefault(f.line, []).append(rule.code)
+                    if f.replacement is not None:
+                        replace[f.line] = f.replacement
                     described[f.line] = f"line {f.line}: {f.fix_description}"
                 else:
                     diags.append(d)
         if drop:
-            new = "".join(x for i, x in enumerate(text.splitlines(keepends=True), start=1) if i not in drop)
+            new = "".join(replace.get(i, x) if i in replace else x
+                          for i, x in enumerate(text.splitlines(keepends=True), start=1)
+                          if i not in drop or i in replace)
             if all(r().well_formed(name, new) for r in matching):
                 result.original, result.fixed = text, new
                 result.fixed_bytes = new.encode("utf-8")
