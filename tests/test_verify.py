@@ -169,3 +169,16 @@ def test_report_numbers_are_readable_and_agree():
     assert "5.2e-05" in text and "0.0000" not in text
     row = next(line for line in text.splitlines() if line.strip().startswith("amp "))
     assert " 4.00 " in row and "8.00 ms -> 4.00 ms a step" in text
+
+
+def test_a_speed_up_is_shown_only_when_half_precision_ran_and_beyond_the_noise():
+    opts = Options(warmup=2)
+    ref = {"losses": [1.0] * 40, "step_times_ms": [10.0, 12.0, 9.0, 11.0] * 10}
+    noisy = {"losses": [1.0] * 40, "step_times_ms": [9.5, 11.5, 8.5, 10.5] * 10, "half_flop_fraction": 1.0}
+    c = compare(noisy, ref, opts)
+    assert not c["speedup_measured"] and "noise" in c["speedup_note"]
+    fast = {"losses": [1.0] * 40, "step_times_ms": [5.0, 5.5, 4.5, 5.2] * 10, "half_flop_fraction": 1.0}
+    assert compare(fast, ref, opts)["speedup_measured"]
+    fp32_twice = {"losses": [1.0] * 40, "step_times_ms": [5.0, 5.5, 4.5, 5.2] * 10, "half_flop_fraction": 0.0}
+    c = compare(fp32_twice, ref, opts)
+    assert not c["speedup_measured"] and "no half-precision" in c["speedup_note"]

@@ -160,9 +160,28 @@ def compare(amp: dict, ref: dict, opts: Options) -> dict:
         cmp["amp_step_ms"] = statistics.median(ta)
         cmp["fp32_step_ms"] = statistics.median(tf)
         cmp["speedup"] = cmp["fp32_step_ms"] / cmp["amp_step_ms"]
+        # the noise of a mode: half the spread of its middle steps (the interquartile range)
+        noise = max(_spread(ta), _spread(tf))
+        cmp["step_noise_ms"] = noise
+        half = (amp.get("half_flop_fraction") or 0) > 0
+        beyond = abs(cmp["fp32_step_ms"] - cmp["amp_step_ms"]) > noise
+        cmp["speedup_measured"] = bool(half and beyond)
+        if not half:
+            cmp["speedup_note"] = "no half-precision compute ran, so there is no speed-up to measure"
+        elif not beyond:
+            cmp["speedup_note"] = (f"the step times differ by less than their noise (±{noise:.2f} ms): "
+                                   "no measurable speed-up")
     if amp.get("peak_memory_bytes") and ref.get("peak_memory_bytes"):
         cmp["memory_ratio"] = amp["peak_memory_bytes"] / ref["peak_memory_bytes"]
     return cmp
+
+
+def _spread(times: List[float]) -> float:
+    """Half the interquartile range of step times (0 with fewer than four)."""
+    if len(times) < 4:
+        return 0.0
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / 2
 
 
 def _steady(run: dict, opts: Options) -> List[float]:
@@ -262,8 +281,10 @@ def format_report(rep: dict) -> str:
     for row in rows:
         lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)))
     c = rep["comparison"]
-    if "speedup" in c:
+    if c.get("speedup_measured"):
         lines.append(f"  speed-up vs fp32: {c['speedup']:.2f}x  ({c['fp32_step_ms']:.2f} ms -> {c['amp_step_ms']:.2f} ms a step)")
+    elif "speedup_note" in c:
+        lines.append(f"  speed-up vs fp32: none shown: {c['speedup_note']}")
     if "memory_ratio" in c:
         lines.append(f"  peak memory vs fp32: {c['memory_ratio']:.2f}x")
     if "max_relative_deviation" in c:
