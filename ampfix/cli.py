@@ -546,6 +546,8 @@ def convert_checkpoint(old, new, model_key):
               help="cpu checks the plumbing with CPU autocast; the figures mean something only on a GPU.")
 @click.option("--original", type=click.Path(exists=True), help="The pre-migration script, run as a third mode.")
 @click.option("--migrate", "do_migrate", is_flag=True, help="Migrate SCRIPT in memory (a temporary file) and verify that.")
+@click.option("--unsafe-fixes", "unsafe_fixes", is_flag=True, help="With --migrate: also the fixes that change "
+                                                                   "behaviour (as 'migrate --unsafe-fixes').")
 @click.option("--nproc", type=int, default=1, show_default=True, help="Launch through torchrun with this many processes.")
 @click.option("--rtol", type=float, default=0.10, show_default=True, help="Relative loss tolerance against fp32.")
 @click.option("--atol", "atol_frac", type=float, default=0.02, show_default=True,
@@ -554,7 +556,7 @@ def convert_checkpoint(old, new, model_key):
 @click.option("--watch-dtypes", is_flag=True, help="Record the dtypes nn.Linear layers compute in (DataParallel check).")
 @click.option("--json", "json_path", type=click.Path(), help="Write the full report as JSON ('-' for stdout).")
 @click.option("--plot", "plot_path", type=click.Path(), help="Write loss curves and step times as a PNG (matplotlib).")
-def verify(script, script_args, steps, warmup, timeout, device, original, do_migrate, nproc, rtol, atol_frac,
+def verify(script, script_args, steps, warmup, timeout, device, original, do_migrate, unsafe_fixes, nproc, rtol, atol_frac,
            no_profile, watch_dtypes, json_path, plot_path):
     """Run SCRIPT on the GPU as written (amp) and with AMP forced off (fp32), and compare.
 
@@ -580,7 +582,12 @@ def verify(script, script_args, steps, warmup, timeout, device, original, do_mig
             from ampfix.model.settings import Settings
 
             with open(script, "rb") as fh:
-                res = check_source(fh.read(), script, all_rules(), Settings(), fix="safe")
+                res = check_source(fh.read(), script, all_rules(), Settings(), fix="unsafe" if unsafe_fixes else "safe")
+            left = [d for d in res.diagnostics if d.code in ("AMP101", "AMP102")]
+            if left:
+                click.echo(f"ampfix: warning: the migration left apex in {script} ({left[0].code} line {left[0].line}: "
+                           f"{'needs --unsafe-fixes' if left[0].fix == 'unsafe' else left[0].message}): the "
+                           "result still imports apex", err=True)
             fd, tmp = tempfile.mkstemp(prefix=".ampfix-verify-", suffix=".py", dir=os.path.dirname(os.path.abspath(script)))
             with os.fdopen(fd, "wb") as fh:
                 fh.write(res.fixed_bytes if res.fixed_bytes is not None else b"")
