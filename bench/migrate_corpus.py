@@ -26,7 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 
 MANIFEST = Path(__file__).resolve().parent / "corpus" / "manifest.json"
-SYNCS = (".get_scale()", ".item()", ".cpu()", ".tolist()")
+#: host syncs a rewrite might add (apex's own to_python_float(x) is one too: it becomes x.item())
+SYNCS = (".get_scale()", ".item()", ".cpu()", ".tolist()", "to_python_float(")
 
 AMP = ("AMP101",)
 FP16 = ("AMP102",)
@@ -102,6 +103,10 @@ def main(argv=None) -> int:
                 left = [d for d in after_by[path] if kind(d) == k]
                 reason = next((d["message"].split("(not rewritten", 1)[1].strip(" :)") for d in left
                                if "not rewritten" in d["message"]), None)
+                if reason is None:  # an unsafe fix, left for --unsafe-fixes: its description says why
+                    reason = next(("needs --unsafe-fixes: " + (d["fix"]["message"] or "").partition("(unsafe fix: ")[2]
+                                   .rstrip(")") for d in left if d.get("fix") and d["fix"]["applicability"] == "unsafe"),
+                                  None)
                 if reason:
                     reason = reason.replace(str(tmp) + os.sep, "").replace(str(tmp.parent) + os.sep, "")
                 status = "refused" if left else ("migrated" if ok else "broken")
