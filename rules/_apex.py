@@ -45,14 +45,26 @@ class ApexRule(Rule):
         fix = plan.fix_at(node) if plan else None
         if fix is None:
             fix = self.fix_for(node, call, q)
-        text = self.message(q, fix, call)
         note = plan.note_at(node) if plan else None
+        text = self.message(q, fix, call)
+        if note and note.startswith("inference") and q == "apex.amp.initialize":
+            text = f"`{q}` is NVIDIA apex; use " + self.spelled("a torch.autocast('cuda') region around what runs the model")
         if note:
             text += f" ({note})"
         self.report(node, text, fix)
 
     def message(self, qname: str, fix: Optional[Fix], call=None) -> str:
-        return f"`{qname}` is NVIDIA apex; use {replacement_for(qname)}"
+        return f"`{qname}` is NVIDIA apex; use {self.spelled(replacement_for(qname))}"
+
+    def spelled(self, advice: str) -> str:
+        """The advice in the spelling the fixes write: torch.cuda.amp below torch 2.3."""
+        if self.settings.target != "torch.cuda.amp":
+            return advice
+        for new, old in (("torch.amp.GradScaler('cuda')", "torch.cuda.amp.GradScaler()"),
+                         ("torch.autocast('cuda')", "torch.cuda.amp.autocast()"),
+                         ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler"), ("torch.amp", "torch.cuda.amp")):
+            advice = advice.replace(new, old)
+        return advice
 
     def fix_for(self, node, call, qname: str) -> Optional[Fix]:
         return None
