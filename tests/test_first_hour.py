@@ -169,3 +169,12 @@ def test_rules_json_has_booleans():
     rows = json.loads(ampfix("rules", "--output-format", "json").stdout)
     assert all(isinstance(r["default"], bool) for r in rows)
     assert {r["fix"] for r in rows} <= {None, "safe", "unsafe", "sometimes"}
+
+
+def test_a_dry_run_names_the_column_in_the_file_as_it_is(tmp_path):
+    (tmp_path / "t.py").write_text("import torch\nfor b in data:\n    loss = model(b)\n    loss.backward()\n"
+                                   "    opt.step()\n    z = torch.zeros(3).cuda(); print(loss.item())\n")
+    check = ampfix("check", "--no-cache", "t.py", cwd=tmp_path).stdout
+    dry = ampfix("migrate", "t.py", cwd=tmp_path).stderr
+    at = next(line.split(": AMP303")[0] for line in check.splitlines() if "AMP303" in line)
+    assert f"left for a person: {at}: AMP303" in dry, (at, dry)

@@ -173,6 +173,12 @@ def original_line(original: str, fixed: str):
                 if tag == "equal":
                     return a0 + (i - b0) + 1, col
                 if tag == "replace" and a1 - a0 == b1 - b0:
+                    # the line changed: its column through the characters the fix left alone
+                    old, new = a[a0 + (i - b0)], b[i]
+                    c = col - 1
+                    for t2, x0, x1, y0, y1 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+                        if y0 <= c < y1:
+                            return a0 + (i - b0) + 1, (x0 + (c - y0) if t2 == "equal" else x0) + 1
                     return a0 + (i - b0) + 1, 1
                 return min(a0, max(len(a) - 1, 0)) + 1, 1
         return line, col
