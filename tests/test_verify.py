@@ -159,7 +159,7 @@ def test_report_numbers_are_readable_and_agree():
 
     opts = Options(warmup=2)
     amp = {"status": "stopped", "steps": 12, "losses": [1.0] * 11 + [5.2e-05],
-           "step_times_ms": [90.0, 80.0] + [4.0] * 10}
+           "step_times_ms": [90.0, 80.0] + [4.0] * 10, "half_flop_fraction": 1.0}
     fp32 = {"status": "stopped", "steps": 12, "losses": [1.0] * 11 + [5.3e-05],
             "step_times_ms": [95.0, 85.0] + [8.0] * 10}
     rep = {"script": "t.py", "options": vars(opts), "runs": {"amp": amp, "fp32": fp32}}
