@@ -42,7 +42,10 @@ DOCS = "https://github.com/your-org/ampfix/blob/main/docs/rules.md"  # where the
 
 class AmpfixServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("ampfix", __version__, text_document_sync_kind=T.TextDocumentSyncKind.Incremental)
+        super().__init__("ampfix", __version__, text_document_sync_kind=T.TextDocumentSyncKind.Incremental,
+                         notebook_document_sync=T.NotebookDocumentSyncOptions(notebook_selector=[
+                             T.NotebookDocumentFilterWithCells(cells=[T.NotebookCellLanguage(language="python")],
+                                                               notebook="jupyter-notebook")], save=True))
         self.options: dict = {}
         self.pending: Dict[str, asyncio.Task] = {}
         self.configs: Dict[Path, Tuple[Config, List[str]]] = {}
@@ -64,13 +67,14 @@ class AmpfixServer(LanguageServer):
         return self.configs[folder]
 
     # ------------------------------------------------------------------ checking
-    def check(self, uri: str, text: str, fix: Optional[str] = None, codes: Optional[List[str]] = None) -> FileResult:
+    def check(self, uri: str, text: str, fix: Optional[str] = None, codes: Optional[List[str]] = None,
+              notebook: bool = False) -> FileResult:
         path = to_fs_path(uri) or uri
         cfg, selected = self.config_for(path)
         use = selected if codes is None else [c for c in codes if c in rules_by_code()]
         rules = [rules_by_code()[c] for c in use]
         data = text.encode("utf-8")
-        if path.endswith(".ipynb"):
+        if notebook or path.endswith(".ipynb"):
             from ampfix.engine.check import check_notebook
 
             return check_notebook(data, path, rules, cfg.settings, fix)
@@ -86,6 +90,9 @@ class AmpfixServer(LanguageServer):
         try:
             await asyncio.sleep(delay)
         except asyncio.CancelledError:
+            return
+        if uri in self.workspace.notebook_documents:
+            await self._publish_notebook(uri)
             return
         doc = self.workspace.get_text_document(uri)
         version, text = doc.version, doc.source
@@ -105,6 +112,32 @@ class AmpfixServer(LanguageServer):
         self.last[uri] = (version, result)
         self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(
             uri=uri, version=version, diagnostics=[lsp_diagnostic(d) for d in result.diagnostics]))
+
+
+    async def _publish_notebook(self, uri: str) -> None:
+        """A notebook (LSP 3.17 notebook documents): its code cells checked as one module, as
+        ``ampfix check`` reads an .ipynb, and each cell gets its own diagnostics."""
+        import json
+
+        nb = self.workspace.get_notebook_document(notebook_uri=uri)
+        if nb is None:
+            return
+        version = nb.version
+        cells = [c for c in nb.cells if c.kind == T.NotebookCellKind.Code]
+        sources = [self.workspace.get_text_document(c.document).source for c in cells]
+        book = {"cells": [{"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None}
+                          for s in sources], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        loop = asyncio.get_event_loop()
+        result = await loop.run_in_executor(None, lambda: self.check(uri, json.dumps(book), notebook=True))
+        current = self.workspace.get_notebook_document(notebook_uri=uri)
+        if current is None or current.version != version:
+            return
+        per_cell: Dict[str, List[T.Diagnostic]] = {c.document: [] for c in cells}
+        for d in result.diagnostics:
+            if d.cell is not None and 1 <= d.cell <= len(cells):
+                per_cell[cells[d.cell - 1].document].append(lsp_diagnostic(d))
+        for cell_uri, diags in per_cell.items():
+            self.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=cell_uri, diagnostics=diags))
 
 
 server = AmpfixServer()
@@ -157,6 +190,21 @@ def did_close(ls: AmpfixServer, params: T.DidCloseTextDocumentParams) -> None:
         task.cancel()
     ls.last.pop(uri, None)
     ls.text_document_publish_diagnostics(T.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+
+
+@server.feature(T.NOTEBOOK_DOCUMENT_DID_OPEN)
+def notebook_open(ls: AmpfixServer, params: T.DidOpenNotebookDocumentParams) -> None:
+    ls.schedule(params.notebook_document.uri, 0)
+
+
+@server.feature(T.NOTEBOOK_DOCUMENT_DID_CHANGE)
+def notebook_change(ls: AmpfixServer, params: T.DidChangeNotebookDocumentParams) -> None:
+    ls.schedule(params.notebook_document.uri, DEBOUNCE)
+
+
+@server.feature(T.NOTEBOOK_DOCUMENT_DID_SAVE)
+def notebook_save(ls: AmpfixServer, params: T.DidSaveNotebookDocumentParams) -> None:
+    ls.schedule(params.notebook_document.uri, 0)
 
 
 @server.feature(T.WORKSPACE_DID_CHANGE_WATCHED_FILES)

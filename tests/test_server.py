@@ -219,3 +219,23 @@ def test_a_client_that_vanishes_ends_the_server(tmp_path):
     c.initialize(tmp_path.as_uri())
     c.proc.stdin.close()
     assert c.proc.wait(timeout=15) is not None
+
+
+def test_notebook_documents_get_diagnostics_per_cell(client, tmp_path):
+    nb = (tmp_path / "train.ipynb").as_uri()
+    cells = ["import torch\n", "x = torch.zeros(3).cuda()\n", "y = 1\n"]
+    uris = [f"{nb}#cell{i}" for i in range(len(cells))]
+    client.notify("notebookDocument/didOpen", {
+        "notebookDocument": {"uri": nb, "notebookType": "jupyter-notebook", "version": 1,
+                             "cells": [{"kind": 2, "document": u} for u in uris]},
+        "cellTextDocuments": [{"uri": u, "languageId": "python", "version": 1, "text": s}
+                              for u, s in zip(uris, cells)]})
+    got = {}
+    for _ in uris:
+        m = client.wait(lambda m: m.get("method") == "textDocument/publishDiagnostics"
+                        and m["params"]["uri"] in uris and m["params"]["uri"] not in got)
+        got[m["params"]["uri"]] = codes(m)
+    assert got == {uris[0]: [], uris[1]: ["AMP302"], uris[2]: []}
+    cell2 = next(m for m in client.seen if m.get("method") == "textDocument/publishDiagnostics"
+                 and m["params"]["uri"] == uris[1])
+    assert cell2["params"]["diagnostics"][0]["range"]["start"] == {"line": 0, "character": 4}  # in the cell
