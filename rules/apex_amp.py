@@ -325,6 +325,33 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # statements joined by `;`, and the clip of the parameters the optimizer was built from
+            """
+            import torch
+            from apex import amp
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            net, opt = amp.initialize(net, opt, opt_level="O1")
+            for x in loader:
+                loss = net(x).sum()
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+                torch.nn.utils.clip_grad_norm_(amp.master_params(opt), 1.0); opt.step()
+            """,
+            count=3,
+            expected="""
+            import torch
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cuda")
+            for x in loader:
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = net(x).sum()
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0); scaler.step(opt)
+                scaler.update()
+            """,
+        ),
+        Invalid(
             """
             from apex import amp
             model, opt = amp.initialize(model, opt, opt_level="O3", loss_scale="dynamic")

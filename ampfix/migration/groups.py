@@ -46,8 +46,13 @@ class FileChanges:
         self._inserts.setdefault((at, self.b.indent(stmt)), []).extend(lines)
 
     def insert_after(self, stmt, lines: Sequence[str], indent: Optional[str] = None) -> None:
-        if not self.b.own_lines(stmt):
-            raise Refuse(f"line {stmt.end_lineno} holds more than one statement")
+        # after the last statement of its line (`clip(...); opt.step()` too): the new lines follow
+        # that line, in the same block; something after it on the line would run before them
+        end_col = self.src.char_col(stmt.end_lineno, stmt.end_col_offset)
+        rest = self.src.line_text(stmt.end_lineno)[end_col:].strip()
+        if (rest and not rest.startswith("#")) or (stmt.end_lineno == stmt.lineno and self.b.first_line(stmt) == stmt.lineno
+                                                   and self.src.line_text(stmt.lineno).rstrip().endswith(":")):
+            raise Refuse(f"line {stmt.end_lineno} holds more than one statement after `{self.src.code(stmt)[:40]}`")
         at = self.src.line_end(stmt.end_lineno)
         self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
 

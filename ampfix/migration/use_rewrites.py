@@ -259,7 +259,7 @@ class UseRewrites:
         code = u.module.src.code
         o = code(opt)
         fc = self.fc(u.module)
-        params = f'(p for group in {o}.param_groups for p in group["params"])'
+        params = self._parameters_named(u, opt) or f'(p for group in {o}.param_groups for p in group["params"])'
         st = stmt_of(call)
         key = self._key(u)
         unit = u.func.node if u.func is not None else u.module.tree
@@ -280,6 +280,37 @@ class UseRewrites:
         done.append((u.module, o, st))
         fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
         self._collapse_clip(u, st)
+
+    def _parameters_named(self, u: Use, opt) -> Optional[str]:
+        """``model.parameters()`` where the optimizer was built from it in the same function (and
+        ``model`` is bound nowhere else there but by amp.initialize or a DDP/DataParallel wrap,
+        which keep its parameters): the names the code has, not the optimizer's param_groups."""
+        if not isinstance(opt, ast.Name):
+            return None
+        unit = u.func.node if u.func is not None else u.module.tree
+        made = [n for n in walk(unit) if isinstance(n, ast.Assign) and any(
+            isinstance(tg, ast.Name) and tg.id == opt.id for tg in n.targets)]
+        built = [n for n in made if isinstance(n.value, ast.Call) and n.value.args]
+        if len(built) != 1:
+            return None
+        first = built[0].value.args[0]
+        if not (method_call(first, "parameters") and not first.args and not first.keywords
+                and isinstance(receiver(first), ast.Name)):
+            return None
+        name = receiver(first).id
+        for n in walk(unit):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+            flat = [e for tg in targets for e in (tg.elts if isinstance(tg, ast.Tuple) else [tg])]
+            if not any(isinstance(e, ast.Name) and e.id == name for e in flat):
+                continue
+            value = n.value if isinstance(n, ast.Assign) else None
+            call = value if isinstance(value, ast.Call) else None
+            wraps = call is not None and (dotted(call.func) or "").split(".")[-1] in (
+                "initialize", "DistributedDataParallel", "DataParallel", "DDP") and any(
+                isinstance(a, ast.Name) and a.id == name for a in call.args[:1])
+            if n.lineno > built[0].lineno and not wraps:
+                return None
+        return f"{name}.parameters()"
 
     def _clip_at_the_step(self, u: Use, c: Carrier, call, steps, o: str, params: str) -> None:
         """A clip of ``amp.master_params(opt)`` on every micro-batch, where the optimizer steps less
