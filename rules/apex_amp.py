@@ -352,6 +352,54 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # the fp16 branch stays (its fp32 twin does more than clip) and imports apex in a try:
+            # its clip on every micro-batch moves to the step under the branch's own condition
+            # (an unsafe fix: clipping once per step differs from clipping each partial sum)
+            """
+            import torch
+            from apex import amp
+            if fp16:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            for step, batch in enumerate(loader):
+                loss = model(batch) / accum
+                if fp16:
+                    try:
+                        from apex import amp
+                    except ImportError:
+                        raise ImportError("install apex")
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), max_norm)
+                else:
+                    loss.backward()
+                    total_norm += torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                if (step + 1) % accum == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+            """,
+            count=3,
+            unsafe=True,
+            expected="""
+            import torch
+            scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))
+            for step, batch in enumerate(loader):
+                with torch.autocast("cuda", dtype=torch.float16, enabled=bool(fp16)):
+                    loss = model(batch) / accum
+                if fp16:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                    total_norm += torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                if (step + 1) % accum == 0:
+                    if fp16:
+                        scaler.unscale_(optimizer)
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad()
+            """,
+        ),
+        Invalid(
             """
             from apex import amp
             model, opt = amp.initialize(model, opt, opt_level="O3", loss_scale="dynamic")

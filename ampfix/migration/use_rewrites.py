@@ -98,6 +98,15 @@ class UseRewrites:
         if not self.pure:
             self._plan_region(u, c, site, loss)
 
+    @staticmethod
+    def _apex_import(stmt, module) -> bool:
+        """An import of apex, or a ``try:`` of apex imports (``except ImportError: raise ...``):
+        the migration removes it, so it does not stop a branch from being the fp32 one's twin."""
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            return "apex" in module.src.code(stmt)
+        return isinstance(stmt, ast.Try) and bool(stmt.body) and all(
+            isinstance(s, (ast.Import, ast.ImportFrom)) and "apex" in module.src.code(s) for s in stmt.body)
+
     def _collapse(self, u: Use, w: ast.With, loss_code: str):
         """``if fp16: <scaled backward ...> else: <loss.backward() ...>`` becomes the scaled path
         alone when the else branch is its fp32 twin; returns the statement the backward is in now."""
@@ -109,8 +118,7 @@ class UseRewrites:
                    u.module.src.code(receiver(x.value)) == loss_code for x in els):
             return w
         # every else statement must be the twin of one in the body: the backward, a clip
-        body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w and not (
-            isinstance(x, (ast.Import, ast.ImportFrom)) and "apex" in u.module.src.code(x))]  # the import goes
+        body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w and not self._apex_import(x, u.module)]
         else_kinds = [self._kind(x, u.module) for x in els if not (
             isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
         if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
@@ -347,6 +355,13 @@ class UseRewrites:
         twin = isinstance(gd, ast.If) and gd.body == [mover] and len(gd.orelse) == 1 \
             and self._kind(gd.orelse[0], u.module) == self._kind(mover, u.module)
         left = [g for g in guards(mover, common) if id(g) not in self.fc(u.module).touched and not (twin and g is gd)]
+        # the fp16 branch that stays (its fp32 twin does more than clip): the clip moves to the step
+        # under that branch's own condition, and the fp32 path is left as it was
+        backs = self.backward_sites.get(self._key(u), [])
+        fp16_only = None
+        if len(left) == 1 and isinstance(gd, ast.If) and left[0] is gd and any(mover is s for s in gd.body) \
+                and any(any(b is s for s in gd.body) for b in backs):
+            fp16_only, left = gd, []
         if left:
             raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch under the condition at line "
                          f"{left[0].lineno}, and native AMP unscales once per optimizer step: move the clip to the "
@@ -357,7 +372,7 @@ class UseRewrites:
             gone = gd
         for sib in (gd.orelse if isinstance(gd, ast.If) and any(mover is s for s in gd.body) else []):
             sib = sib.body[0] if isinstance(sib, ast.If) and len(sib.body) == 1 and not sib.orelse else sib
-            v = sib.value if isinstance(sib, ast.Expr) else None
+            v = sib.value if isinstance(sib, (ast.Expr, ast.Assign, ast.AugAssign)) else None
             if isinstance(v, ast.Call) and dotted(v.func) == dotted(clip.func) and v.args:
                 params = code(v.args[0])
         if clip.lineno == clip.end_lineno:
@@ -373,7 +388,11 @@ class UseRewrites:
         lines = [moved]
         if mover is not st:
             lines = [f"if {code(mover.test)}:", self._indent_unit(u.module, mover, st) + moved]
-        fc.insert_before(step_st, [f"{c.expr}.unscale_({o})", *lines])
+        lines = [f"{c.expr}.unscale_({o})", *lines]
+        if fp16_only is not None:
+            unit = self._indent_unit(u.module, fp16_only, mover)
+            lines = [f"if {code(fp16_only.test)}:", *(unit + line for line in lines)]
+        fc.insert_before(step_st, lines)
         self.g.unsafe = ("the gradient clip ran on every micro-batch and now runs once per optimizer step, after "
                          "scaler.unscale_, on the accumulated gradients: with accumulation the two differ; "
                          "no host sync is added")
