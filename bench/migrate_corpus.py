@@ -59,19 +59,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("corpus", type=Path)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--unsafe-fixes", action="store_true",
+                    help="migrate with --unsafe-fixes (what a user who opts in gets)")
     args = ap.parse_args(argv)
+    unsafe = ["--unsafe-fixes"] if args.unsafe_fixes else []
     rows, files = [], []
     holdout = {e["repo"].replace("/", "+") for e in json.loads(MANIFEST.read_text())["repos"] if e.get("holdout")}
     for repo in sorted(p for p in args.corpus.iterdir() if p.is_dir()):
         tmp = Path(tempfile.mkdtemp()) / repo.name
         shutil.copytree(repo, tmp)
         before = check_json(tmp)
-        w = ampfix("migrate", "--write", "--no-respect-gitignore", str(tmp))
+        w = ampfix("migrate", "--write", *unsafe, "--no-respect-gitignore", str(tmp))
         if w.returncode not in (0, 1):
             rows.append({"repo": repo.name, "error": w.stderr.strip()[-300:]})
             continue
         after = check_json(tmp)
-        again = ampfix("migrate", "--no-respect-gitignore", str(tmp))
+        again = ampfix("migrate", *unsafe, "--no-respect-gitignore", str(tmp))
         by = defaultdict(list)
         for d in before:
             by[d["path"]].append(d)
