@@ -178,3 +178,16 @@ def test_a_dry_run_names_the_column_in_the_file_as_it_is(tmp_path):
     dry = ampfix("migrate", "t.py", cwd=tmp_path).stderr
     at = next(line.split(": AMP303")[0] for line in check.splitlines() if "AMP303" in line)
     assert f"left for a person: {at}: AMP303" in dry, (at, dry)
+
+
+def test_a_notebooks_dry_run_names_the_cell_line_and_column_as_they_are(tmp_path):
+    cells = [["import torch\n"],
+             ["for b in data:\n", "    loss = model(b)\n", "    loss.backward()\n", "    opt.step()\n",
+              "    z = torch.zeros(3).cuda(); print(loss.item())\n"]]
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+                    for c in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "t.ipynb").write_text(json.dumps(nb, indent=1))
+    check = ampfix("check", "--no-cache", "t.ipynb", cwd=tmp_path).stdout
+    dry = ampfix("migrate", "t.ipynb", cwd=tmp_path).stderr
+    at = next(line.split(": AMP303")[0] for line in check.splitlines() if "AMP303" in line)
+    assert at == "t.ipynb:cell 2:5:38" and f"left for a person: {at}: AMP303" in dry, (at, dry)

@@ -204,18 +204,34 @@ def migrate_report(results: Sequence[FileResult], wrote: bool, out: TextIO) -> N
         else:
             out.write(f"{r.path}: not rewritten\n")
         # a dry run leaves the file as it is: positions are given in it, not in the rewritten text
-        where = original_line(r.original, r.fixed) if (r.changed and not wrote and not r.path.endswith(".ipynb")) \
-            else None
+        where = original_line(r.original, r.fixed) if (r.changed and not wrote) else None
         for d in r.diagnostics:
             why = ""
             if d.fix == "unsafe":
                 reason = (d.fix_description or "").partition("(unsafe fix: ")[2].rstrip(")")
                 why = f"needs --unsafe-fixes ({reason}): " if reason else "needs --unsafe-fixes: "
-            line, col = (d.line, d.col) if where is None else where(d.line, d.col)
-            at = d.where if d.cell is not None else f"{d.path}:{line}:{col}"
+            if d.cell is not None:
+                at = d.where if where is None else _cell_in_original(d, r, where)
+            else:
+                line, col = (d.line, d.col) if where is None else where(d.line, d.col)
+                at = f"{d.path}:{line}:{col}"
             out.write(f"  left for a person: {at}: {d.code} {why}{d.message}\n")
     if untouched:
         out.write(f"{untouched} file{'s' if untouched != 1 else ''} untouched.\n")
+
+
+def _cell_in_original(d: Diagnostic, r: FileResult, where) -> str:
+    """A notebook diagnostic of a dry run, in the notebook as it is: its line in the fixed cells'
+    module text, through the diff, back to a cell and a line of the original."""
+    from ampfix.io.notebook import MARKER, where as cell_of
+
+    marker = next((no for no, text in enumerate(r.fixed.split("\n"), 1)
+                   if (m := MARKER.match(text)) and int(m.group(1)) == d.cell), None)
+    if marker is None:
+        return d.where
+    line, col = where(marker + d.line, d.col)
+    cell, in_cell = cell_of(r.original, line)
+    return f"{d.path}:cell {cell}:{in_cell}:{col}" if cell is not None else d.where
 
 
 def _relative(path: str) -> str:
