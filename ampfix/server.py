@@ -289,10 +289,15 @@ def _planned(code: str) -> bool:
     return rule is not None and getattr(rule, "planner", None) is not None
 
 
-def _replace_all(uri: str, old: str, new: str, version: Optional[int] = None) -> T.WorkspaceEdit:
+def _whole_text(old: str, new: str) -> T.TextEdit:
+    """``new`` in place of the whole of ``old`` (LSP positions count UTF-16 code units)."""
     lines = old.split("\n")
     end = T.Position(line=len(lines) - 1, character=len(lines[-1].encode("utf-16-le")) // 2)
-    edit = T.TextEdit(range=T.Range(start=T.Position(line=0, character=0), end=end), new_text=new)
+    return T.TextEdit(range=T.Range(start=T.Position(line=0, character=0), end=end), new_text=new)
+
+
+def _replace_all(uri: str, old: str, new: str, version: Optional[int] = None) -> T.WorkspaceEdit:
+    edit = _whole_text(old, new)
     if version is not None:
         return T.WorkspaceEdit(document_changes=[T.TextDocumentEdit(
             text_document=T.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version), edits=[edit])])
@@ -330,8 +335,7 @@ def _migration_action(ls: AmpfixServer, uri: str, text: str, diag: T.Diagnostic,
         return T.CodeAction(title=title, kind=T.CodeActionKind.QuickFix, diagnostics=[diag],
                             disabled=T.CodeActionDisabled(reason=changes.get("", "the migration does not change "
                                                                                      "this file (see `ampfix migrate`)")))
-    edits = {from_fs_path(p): [_replace_all(from_fs_path(p), old, new).changes[from_fs_path(p)][0]]
-             for p, (old, new) in changes.items() if p}
+    edits = {from_fs_path(p): [_whole_text(old, new)] for p, (old, new) in changes.items() if p}
     return T.CodeAction(title=title, kind=T.CodeActionKind.QuickFix, diagnostics=[diag], is_preferred=True,
                         edit=T.WorkspaceEdit(changes=edits))
 

@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import wait
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -201,13 +202,12 @@ class Pool:
                     waits += [w.conn, w.process.sentinel]
             try:
                 ready = wait(waits)
-            except OSError:
-                return
-            if self._wake_r in ready:
-                try:
+                if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
-                except OSError:
+            except OSError:
+                if self._closed:  # close() shut the pipes under us
                     return
+                raise  # else the pending jobs fail (in _run), rather than wait for ever
             with self._lock:
                 if self._closed:
                     return
@@ -231,8 +231,7 @@ class Pool:
             else:
                 w.job.set_exception(value.error())
             w.job = None
-        if not w.process.is_alive() or (got is None and w.process.sentinel is not None
-                                        and not w.process.is_alive()):
+        if not w.process.is_alive():
             self._replace(k, w)
 
     def _replace(self, k: int, w: _Worker) -> None:
@@ -251,14 +250,8 @@ def result(fut: Future) -> Any:
     while True:
         try:
             return fut.result(timeout=0.2)
-        except TimeoutError:
+        except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
             continue
-        except Exception as exc:
-            import concurrent.futures
-
-            if isinstance(exc, concurrent.futures.TimeoutError):
-                continue
-            raise
 
 
 def _kill(process) -> None:

@@ -341,20 +341,21 @@ class UseRewrites:
         if len(steps) != 1:
             raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch and the optimizer steps in "
                          f"{len(steps)} places: move the clip to the step by hand")
+        fc = self.fc(u.module)
+        unit = u.func.node if u.func is not None else u.module.tree
         # a clip under its own condition (`if max_norm > 0:`) moves with it
         gd = getattr(st, "_p", None)
         mover = st
-        if isinstance(gd, ast.If) and gd.body == [st] and not gd.orelse and id(gd) not in self.fc(u.module).touched:
+        if isinstance(gd, ast.If) and gd.body == [st] and not gd.orelse and id(gd) not in fc.touched:
             mover, gd = gd, getattr(gd, "_p", None)
         # only where both precisions clipped alike: under no guard, or under the fp16/fp32 branches
         # the migration made one (else the fp32 path would clip twice)
         step_st = stmt_of(steps[0])
-        la = loops_around(mover, u.func.node if u.func is not None else u.module.tree)
-        common = next((l for l in loops_around(step_st, u.func.node if u.func is not None else u.module.tree)
-                       if any(l is x for x in la)), None)
+        la = loops_around(mover, unit)
+        common = next((l for l in loops_around(step_st, unit) if any(l is x for x in la)), None)
         twin = isinstance(gd, ast.If) and gd.body == [mover] and len(gd.orelse) == 1 \
             and self._kind(gd.orelse[0], u.module) == self._kind(mover, u.module)
-        left = [g for g in guards(mover, common) if id(g) not in self.fc(u.module).touched and not (twin and g is gd)]
+        left = [g for g in guards(mover, common) if id(g) not in fc.touched and not (twin and g is gd)]
         # the fp16 branch that stays (its fp32 twin does more than clip): the clip moves to the step
         # under that branch's own condition, and the fp32 path is left as it was
         backs = self.backward_sites.get(self._key(u), [])
@@ -367,9 +368,7 @@ class UseRewrites:
                          f"{left[0].lineno}, and native AMP unscales once per optimizer step: move the clip to the "
                          "step by hand (scaler.unscale_ first)")
         # the fp32 branch beside it often clips the same parameters by their own name: reuse it
-        gone = mover
-        if twin:
-            gone = gd
+        gone = gd if twin else mover
         for sib in (gd.orelse if isinstance(gd, ast.If) and any(mover is s for s in gd.body) else []):
             sib = sib.body[0] if isinstance(sib, ast.If) and len(sib.body) == 1 and not sib.orelse else sib
             v = sib.value if isinstance(sib, (ast.Expr, ast.Assign, ast.AugAssign)) else None
@@ -383,15 +382,14 @@ class UseRewrites:
             copy = ast.Call(func=clip.func, args=[ast.parse(params, mode="eval").body, *clip.args[1:]],
                             keywords=clip.keywords)
             moved = ast.unparse(copy)
-        fc = self.fc(u.module)
         fc.remove(gone)
         lines = [moved]
         if mover is not st:
             lines = [f"if {code(mover.test)}:", self._indent_unit(u.module, mover, st) + moved]
         lines = [f"{c.expr}.unscale_({o})", *lines]
         if fp16_only is not None:
-            unit = self._indent_unit(u.module, fp16_only, mover)
-            lines = [f"if {code(fp16_only.test)}:", *(unit + line for line in lines)]
+            step_in = self._indent_unit(u.module, fp16_only, mover)
+            lines = [f"if {code(fp16_only.test)}:", *(step_in + line for line in lines)]
         fc.insert_before(step_st, lines)
         self.g.unsafe = ("the gradient clip ran on every micro-batch and now runs once per optimizer step, after "
                          "scaler.unscale_, on the accumulated gradients: with accumulation the two differ; "
