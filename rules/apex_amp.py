@@ -248,8 +248,31 @@ class ApexAmp(ApexRule):
             """
             from apex import amp
             model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            train(model, optimizer)
             """,
             message="never used with amp.scale_loss",
+        ),
+        Invalid(
+            # an evaluation script that kept its trainer's initialize: nothing reads the optimizer
+            # after it and nothing runs a backward, so apex only cast the forward passes
+            """
+            from apex import amp
+
+            def main(cfg, model, optimizer, loader):
+                model, optimizer = amp.initialize(model, optimizer, opt_level=cfg.opt_level)
+                model.eval()
+                results = evaluate(model, loader)
+                print(results)
+            """,
+            expected="""
+            import torch
+
+            def main(cfg, model, optimizer, loader):
+                model.eval()
+                with torch.autocast("cuda", dtype=torch.float16, enabled=cfg.opt_level != "O0"):
+                    results = evaluate(model, loader)
+                print(results)
+            """,
         ),
         Invalid(
             """

@@ -11,7 +11,8 @@ else binds, is not removed: :class:`~ampfix.model.edits.Conflict` says why.
 from __future__ import annotations
 
 import ast
-from typing import Dict, Iterable, List, Optional, Sequence, Set
+import sys
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
 from ampfix.model.semantic import Model, block_of, iter_statements, walk
@@ -134,7 +135,9 @@ class Remover:
             return None
         block = " ".join(src.line_text(n) for n in range(first, self.b.first_line(s)))
         before = src.line_text(no).rstrip() if no >= 1 else ""
-        if "apex" not in block.lower() or (before.strip() and not before.endswith(":")):
+        # right under the code before it, a comment may speak of that code: not when it is an import
+        if "apex" not in block.lower() or (before.strip() and not before.endswith(":")
+                                           and not before.lstrip().startswith(("import ", "from "))):
             return None
         return first
 
@@ -361,10 +364,14 @@ def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Bu
             and isinstance(body[0].value.value, str):
         i = 1
     last = None
+    first_import = i
     while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom)):
         last = body[i]
         i += 1
     nl = b.nl
+    placed = _sorted_placement(src, body[first_import:i], need, nl)
+    if placed is not None:
+        return placed
     text = "".join(line + nl for line in lines)
     if last is not None:
         at = src.line_end(last.end_lineno)
@@ -387,6 +394,51 @@ def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Bu
     elif last is None and i == 1 and nxt and not following.startswith(("\n", "\r")):
         text += nl
     return [Edit(at, at, text)]
+
+
+def _section(module: str, level: int = 0) -> int:
+    """isort's sections: the standard library, then third-party (and first-party), then relative."""
+    if level:
+        return 2
+    return 0 if module.split(".")[0] in sys.stdlib_module_names else 1
+
+
+def _sort_key(stmt) -> Tuple[int, bool, str]:
+    if isinstance(stmt, ast.Import):
+        return _section(stmt.names[0].name), False, stmt.names[0].name.lower()
+    return _section(stmt.module or "", stmt.level), True, (stmt.module or "").lower()
+
+
+def _sorted_placement(src: Source, imports, need, nl: str) -> Optional[List[Edit]]:
+    """Each added import where isort would put it among the top imports (its section, straight
+    imports before ``from`` imports, by name); None where the block has no place to tell by
+    (``__future__`` imports, or none of the added import's section nor a neighbouring one)."""
+    if not imports or any(isinstance(x, ast.ImportFrom) and x.module == "__future__" for x in imports):
+        return None
+    at: Dict[int, List[Tuple[Tuple[int, bool, str], str]]] = {}
+    for spec in need:
+        key = (_section(spec.module), spec.obj is not None, spec.module.lower())
+        text = (f"import {spec.module}" if spec.obj is None else f"from {spec.module} import {spec.obj}") + (
+            f" as {spec.asname}" if spec.asname else "")
+        same = [x for x in imports if _sort_key(x)[0] == key[0]]
+        later = next((x for x in same if _sort_key(x) > key), None)
+        if later is not None:
+            pos, line = src.starts[later.lineno - 1], text + nl
+        elif same:
+            pos, line = src.line_end(same[-1].end_lineno), text + nl
+        else:
+            nxt = next((x for x in imports if _sort_key(x)[0] > key[0]), None)
+            prev = [x for x in imports if _sort_key(x)[0] < key[0]]
+            if nxt is not None and not prev:
+                pos, line = src.starts[nxt.lineno - 1], text + nl + nl
+            elif prev and nxt is None:
+                pos, line = src.line_end(prev[-1].end_lineno), nl + text + nl
+            else:
+                return None
+        if pos == len(src.text) and not src.text.endswith(("\n", "\r")):
+            line = nl + line
+        at.setdefault(pos, []).append((key, line))
+    return [Edit(pos, pos, "".join(line for _, line in sorted(items))) for pos, items in sorted(at.items())]
 
 
 _IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")

@@ -281,6 +281,30 @@ class AmpPlanner:
         s.optimizers = opts
         s.training = opts is not None and not is_const(opts, None) and not (
             isinstance(opts, (ast.List, ast.Tuple)) and not opts.elts)
+        if s.training and self._never_trains(s):
+            s.training = False
+            s.untrained = True
+
+    @staticmethod
+    def _never_trains(s: Seed) -> bool:
+        """An evaluation script that copied ``model, optimizer = amp.initialize(...)`` from its
+        trainer: nothing reads the optimizer after it and nothing in the module runs a backward,
+        so apex only cast the forward passes (an inference seed)."""
+        m = s.module
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+               for n in walk(m.tree, into_functions=True)):
+            return False
+        opt_names = {dotted(x) for x in (s.optimizers.elts if isinstance(s.optimizers, (ast.Tuple, ast.List))
+                                         else [s.optimizers])}
+        if not opt_names or None in opt_names or any(n.startswith("self.") or "." in n for n in opt_names):
+            return False
+        unit = s.func.node if s.func is not None else m.tree
+        end = s.stmt.end_lineno
+        for n in walk(unit, into_functions=True):
+            if isinstance(n, ast.Name) and n.id in opt_names and isinstance(n.ctx, ast.Load) and (
+                    n.lineno > end or m.function_of(n) is not s.func):
+                return False
+        return True
 
 
 
@@ -300,7 +324,9 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.backward_sites: Dict[object, List[ast.stmt]] = {}
         self.param_added: Set[object] = set()
         self.default_made: Set[int] = set()
+        self.must_default: Set[int] = set()
         self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there
+        self.step_methods: Set[object] = set()  # keys of methods that step after another's scaled backward
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:

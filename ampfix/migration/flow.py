@@ -148,6 +148,42 @@ def assigned(stmt) -> Set[str]:
     return out
 
 
+def assigned_in(stmts: Iterable[ast.stmt], skip: Optional[ast.stmt] = None) -> Set[str]:
+    """What the statements bind (nested ones included), leaving out the statement ``skip``."""
+    out: Set[str] = set()
+    for x in stmts:
+        if x is skip:
+            continue
+        if skip is not None and any(y is skip for y in walk(x)):
+            for field in ("body", "orelse", "finalbody"):
+                out |= assigned_in(getattr(x, field, []) or [], skip)
+            for h in getattr(x, "handlers", []) or []:
+                out |= assigned_in(h.body, skip)
+            if isinstance(x, (ast.For, ast.AsyncFor)):
+                out |= {d for d in map(dotted, _flatten(x.target)) if d}
+            for item in getattr(x, "items", []) or []:
+                if item.optional_vars is not None:
+                    out |= {d for d in map(dotted, _flatten(item.optional_vars)) if d}
+            continue
+        out |= assigned(x)
+    return out
+
+
+def terminates(stmts: Sequence[ast.stmt]) -> bool:
+    """A block that never falls through: it ends in ``raise`` or ``sys.exit()`` (or an ``if``
+    whose branches both do)."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, ast.Raise):
+        return True
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        return dotted(last.value.func) in ("sys.exit", "exit", "quit", "os._exit")
+    if isinstance(last, ast.If):
+        return terminates(last.body) and terminates(last.orelse)
+    return False
+
+
 def _flatten(t):
     if isinstance(t, (ast.Tuple, ast.List)):
         for e in t.elts:

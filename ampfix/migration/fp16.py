@@ -26,7 +26,7 @@ float32, autocast casts per op, and a GradScaler scales:
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
@@ -36,7 +36,7 @@ from ampfix.migration.flow import follows, forward_region, guards, stmt_of
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
-from ampfix.model.semantic import dotted, walk
+from ampfix.model.semantic import block_of, dotted, walk
 
 CTORS = {"apex.fp16_utils.FP16_Optimizer", "apex.optimizers.FP16_Optimizer", "apex.contrib.optimizers.FP16_Optimizer",
          "apex.contrib.optimizers.fp16_optimizer.FP16_Optimizer"}
@@ -87,6 +87,8 @@ class Fp16Plan(Rewriter):
         self.code = module.src.code
         self.notes = g.notes
         self.removed: Set[int] = set()
+        self._half_before: Dict[int, tuple] = {}
+        self.callees: Dict[int, Tuple[object, str]] = {}
 
     # -- the whole module ----------------------------------------------------------------------
     def plan(self) -> None:
@@ -127,6 +129,8 @@ class Fp16Plan(Rewriter):
         self.notes.add(CHECKPOINT_NOTE)
         self.scaler = self._scaler_name()
         self.g.description = "FP16_Optimizer -> " + description(self.s)
+        #: functions of this module the optimizer is handed to: {id(def): (function, its parameter)}
+        self.callees = self._callees()
 
         # the fp16 path: where the scaler goes, what the guard's else keeps
         enabled = self._place(calls, stmts, anchor, scaler_args)
@@ -135,10 +139,79 @@ class Fp16Plan(Rewriter):
         self.models = self._unhalf_models(convs)
         # every use of the optimizer
         self._uses_of_opt(calls)
+        self._hand_scaler()
+        self._evaluation_regions()
         self._finish_regions()
         fc = self.fc(m)
         fc.adds.append(ImportSpec("torch"))
         fc.removes.extend(apex_import_specs(m))
+
+    def _callees(self) -> Dict[int, Tuple[object, str]]:
+        """``train(args, model, loader, optimizer, epoch)`` called where the FP16_Optimizer is made:
+        the functions of this module that receive it, each with the parameter that does.  Each must
+        be called only from there, always with the optimizer, so that the scaler can go with it."""
+        out: Dict[int, Tuple[object, str]] = {}
+        if self.func is None or self.opt.startswith("self."):
+            return out
+        m = self.m
+        for n in walk(self.unit):
+            if not isinstance(n, ast.Call) or not any(
+                    dotted(a) == self.opt for a in [*n.args, *(k.value for k in n.keywords)]):
+                continue
+            f, bound = self.p.resolve(m, n.func)
+            if f is None or f.module is not m or f is self.func:
+                continue
+            params = self._params_given(n, f, bound, self.opt)
+            if len(params) != 1:
+                raise Refuse(f"`{self.opt}` is handed to `{f.qualname}` (line {n.lineno}) in a way that names no "
+                             "one parameter: pass the scaler there by hand")
+            prev = out.get(id(f.node))
+            if prev is not None and prev[1] != params[0]:
+                raise Refuse(f"`{f.qualname}` receives `{self.opt}` as different parameters: pass the scaler by hand")
+            out[id(f.node)] = (f, params[0])
+        for f, param in out.values():
+            if f.is_method or f.outer is not None or f.cls is not None:
+                raise Refuse(f"`{self.opt}` is handed to `{f.qualname}`, which is not a plain function of the "
+                             "module: pass the scaler there by hand")
+            refs = self.p.references(f)
+            if refs:
+                raise Refuse(f"`{f.qualname}` is used other than by a call (line {refs[0].lineno}): pass the scaler "
+                             "there by hand")
+            for cs in self.p.callers(f):
+                if cs.caller is not self.func or dotted(cs.argument(param)) != self.opt:
+                    where = cs.caller.qualname if cs.caller else "module level"
+                    raise Refuse(f"`{f.qualname}` is also called from `{where}` ({cs.module.path} line "
+                                 f"{cs.node.lineno}) without this FP16_Optimizer: pass the scaler there by hand")
+            if self.scaler in f.positional or self.scaler in f.kwonly or any(
+                    isinstance(x, ast.Name) and x.id == self.scaler for x in walk(f.node)):
+                raise Refuse(f"`{f.qualname}` already has a `{self.scaler}`: pass the scaler there by hand")
+        return out
+
+    @staticmethod
+    def _params_given(call, f, bound, opt: str) -> List[str]:
+        """The parameters of ``f`` that ``call`` gives the optimizer ``opt``."""
+        out = [k.arg for k in call.keywords if k.arg and dotted(k.value) == opt]
+        pos = f.positional[1:] if bound else f.positional
+        for i, a in enumerate(call.args):
+            if isinstance(a, ast.Starred):
+                return []
+            if dotted(a) == opt:
+                if i >= len(pos):
+                    return []
+                out.append(pos[i])
+        return out
+
+    def _hand_scaler(self) -> None:
+        """Each function the optimizer is handed to takes the scaler too (keyword-only, last), and
+        every call passes it."""
+        from ampfix.migration.placement import add_keyword_param
+
+        for f, param in self.callees.values():
+            fc = self.fc(f.module)
+            add_keyword_param(fc, f, self.scaler)
+            for cs in self.p.callers(f):
+                fc.edits.append(fc.b.insert_arg(cs.node, f"{self.scaler}={self.scaler}"))
+            self.notes.add(f"`{f.qualname}` receives the optimizer: it takes the GradScaler too, as `{self.scaler}=`")
 
     def _scaler_name(self) -> str:
         taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
@@ -351,14 +424,37 @@ class Fp16Plan(Rewriter):
             if dotted(base) in models or target in models or dotted(receiver(n)) in models:
                 self._unwrap(n)
         # casts guarded by the fp16 flag: inputs and labels for the half model
+        # casts guarded by the fp16 flag, wherever the flag is tested: the functions the model is
+        # handed to made their inputs float16 for it too (evaluation among them)
         flag = self._flag()
         if flag is not None:
-            for n in walk(self.unit):
+            m = self.m
+            for n in walk(m.tree, into_functions=True):
                 if isinstance(n, ast.Call) and self._is_half(n) and id(n) not in self.removed:
                     st = stmt_of(n)
-                    if any(self.code(gd.test) == flag for gd in guards(st, self.unit)):
+                    f = m.function_of(n)
+                    gds = [gd for gd in guards(st, f.node if f is not None else m.tree) if self.code(gd.test) == flag]
+                    if gds:
                         self._unwrap(n)
+                        if f is not None and f is not self.func and id(f.node) not in self.callees:
+                            self._half_before.setdefault(id(f.node), (f, gds[-1]))
         return models
+
+    def _evaluation_regions(self) -> None:
+        """A function that fed the float16 model float16 inputs under the flag (evaluation, mostly)
+        ran it in half precision: its calls of the model run under autocast, enabled by that flag."""
+        for f, gd in self._half_before.values():
+            header = autocast_call(self.s, as_bool(self.code(gd.test), gd.test))
+            for n in walk(f.node):
+                if not (isinstance(n, ast.Call) and dotted(n.func) in self.models):
+                    continue
+                st = stmt_of(n)
+                if self._under_autocast(st) or any(method_call(x, "backward") for x in walk(st)):
+                    continue
+                owner, field, block = block_of(st)
+                i = next(k for k, x in enumerate(block) if x is st)
+                self._add_region(self.m, block, i, i, header)
+                self.notes.add(f"`{f.qualname}` ran the float16 model: its forward runs under autocast")
 
     def _flag(self) -> Optional[str]:
         """The test of the ``if`` that guards the FP16_Optimizer (``args.fp16``), if any."""
@@ -398,17 +494,30 @@ class Fp16Plan(Rewriter):
         m, opt, fc = self.m, self.opt, self.fc(self.m)
         in_ctor = {id(x) for c in calls for x in [stmt_of(c), *walk(stmt_of(c))]}
         backwards, clips, updates, scales, inners, zero_grads, steps = [], [], [], [], [], [], []
+        #: the name the optimizer has where each use is (a parameter in the functions it is handed to)
+        self.opt_at: Dict[int, str] = {}
+        given = {p for _, p in self.callees.values()}
         for n in walk(m.tree, into_functions=True):
-            if not isinstance(n, (ast.Name, ast.Attribute)) or dotted(n) != opt or id(n) in in_ctor:
+            if not isinstance(n, (ast.Name, ast.Attribute)) or id(n) in in_ctor:
+                continue
+            d = dotted(n)
+            if d != opt and d not in given:
                 continue
             if not isinstance(n.ctx, ast.Load):
                 continue
             if self._inside_gone(stmt_of(n)):
                 continue
             f = m.function_of(n)
-            if f is not self.func and not (self.func is None or opt.startswith("self.")):
+            callee = self.callees.get(id(f.node)) if f is not None else None
+            if callee is not None and d == callee[1]:
+                self.opt_at[id(n)] = d
+            elif d != opt:
+                continue
+            elif f is not self.func and not (self.func is None or opt.startswith("self.")):
                 raise Refuse(f"`{opt}` is used in `{f.qualname if f else 'module level'}` (line {n.lineno}): pass "
                              "the scaler there by hand")
+            else:
+                self.opt_at[id(n)] = opt
             parent = getattr(n, "_p", None)
             if isinstance(parent, ast.Attribute) and parent.value is n:
                 attr = parent.attr
@@ -464,21 +573,27 @@ class Fp16Plan(Rewriter):
                     for n in walk(x):
                         if isinstance(n, ast.Call) and self._is_half(n):
                             self._unwrap(n)
-        # steps that follow a scaled backward, then one update
+        # steps that follow a scaled backward, then one update (in each function that steps)
         conv = [s for s in steps if follows(stmt_of(s), sites, (m.function_of(s).node if m.function_of(s) else m.tree))]
         for s in conv:
-            fc.replace(s, f"{scaler}.step({opt})")
-        if conv:
-            last = max(conv, key=lambda n: (n.lineno, n.col_offset))
+            fc.replace(s, f"{scaler}.step({self._opt_of(s)})")
+        last_in: Dict[int, ast.Call] = {}
+        for s in conv:
+            f = m.function_of(s)
+            k = id(f.node) if f is not None else 0
+            if k not in last_in or (s.lineno, s.col_offset) > (last_in[k].lineno, last_in[k].col_offset):
+                last_in[k] = s
+        for last in last_in.values():
             fc.insert_after(stmt_of(last), [f"{scaler}.update()"])
-        params = f'(p for group in {opt}.param_groups for p in group["params"])'
         for call in clips:
             st = stmt_of(call)
             if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
+            o = self._opt_of(call)
+            params = f'(p for group in {o}.param_groups for p in group["params"])'
             rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
             fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
-            fc.insert_before(st, [f"{scaler}.unscale_({opt})"])
+            fc.insert_before(st, [f"{scaler}.unscale_({o})"])
             self._collapse_clip(st)
         for call in updates:
             st = stmt_of(call)
@@ -495,8 +610,12 @@ class Fp16Plan(Rewriter):
         for node in scales:
             fc.replace(node, f"{scaler}.get_scale()")
         for node in inners:
-            fc.replace(node, opt)
+            fc.replace(node, self.opt_at[id(node.value)])
         self._fp16_only_warmup()
+
+    def _opt_of(self, call) -> str:
+        """The optimizer's name at ``opt.method(...)``."""
+        return self.opt_at.get(id(receiver(call)), self.opt)
 
     def _collapse_twin(self, st, loss):
         """``if f: opt.backward(loss) else: loss.backward()`` -> the scaled backward alone."""

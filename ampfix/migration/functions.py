@@ -42,12 +42,15 @@ AUTOCAST_FP16 = {"matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "
                  "einsum", "chain_matmul", "prelu", "_convolution", "conv_tbc"}
 
 HELPER = '''def _{name}(fn):
-    """apex's amp.{name}: under autocast, run fn with autocast off, on {dtype} inputs."""
+    """apex's amp.{name}: fn runs with autocast off, on {dtype} inputs."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         if not torch.is_autocast_enabled():
             return fn(*args, **kwargs)
-        cast = lambda v: v.{method}() if torch.is_tensor(v) and v.is_floating_point() else v
+
+        def cast(v):
+            return v.{method}() if torch.is_tensor(v) and v.is_floating_point() else v
+
         with {off}:
             return fn(*map(cast, args), **{{k: cast(v) for k, v in kwargs.items()}})
     return run

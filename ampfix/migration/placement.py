@@ -189,36 +189,35 @@ class CarrierRewrites:
             fc.insert_after(body[-1], [line])
 
     def _add_param(self, f) -> None:
-        """A keyword-only ``scaler`` parameter, last."""
-        node = f.node
-        fc = self.fc(f.module)
-        a = node.args
-        src = f.module.src
-        if a.kwarg is not None:
-            # before **kwargs
-            star = a.kwarg
-            at = src.offset(star.lineno, star.col_offset) - 2
-            text = f"{self.name}, " if (a.vararg or a.kwonlyargs) else f"*, {self.name}, "
-            fc.edits.append(insert_edit(at, text))
-            return
-        items = [*getattr(a, "posonlyargs", []), *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs]
-        if not items:
-            p = fc.b.open_paren_def(node)
-            fc.edits.append(insert_edit(p, f"*, {self.name}"))
-            return
-        last = max(items, key=lambda x: (x.end_lineno, x.end_col_offset))
-        end = src.offset(last.end_lineno, last.end_col_offset)
-        # a default after the last parameter
-        defaults = [d for d in [*a.defaults, *a.kw_defaults] if d is not None]
-        for d in defaults:
-            de = src.offset(d.end_lineno, d.end_col_offset)
-            if de > end:
-                end = de
-        text = f", {self.name}" if (a.vararg or a.kwonlyargs) else f", *, {self.name}"
-        fc.edits.append(insert_edit(end, text))
+        add_keyword_param(self.fc(f.module), f, self.name)
 
     def _pass(self, cs, expr: str) -> None:
         fc = self.fc(cs.module)
         fc.edits.append(fc.b.insert_arg(cs.node, f"{self.name}={expr}"))
         self.g.anchors.setdefault(cs.module.path, []).append(
             (cs.node, f"`{cs.callee.qualname}` now takes the GradScaler of the apex.amp migration: pass it here"))
+
+
+def add_keyword_param(fc, f, name: str) -> None:
+    """A keyword-only parameter ``name``, last (before ``**kwargs``), on the function ``f``."""
+    node = f.node
+    a = node.args
+    src = f.module.src
+    if a.kwarg is not None:
+        star = a.kwarg
+        at = src.offset(star.lineno, star.col_offset) - 2
+        text = f"{name}, " if (a.vararg or a.kwonlyargs) else f"*, {name}, "
+        fc.edits.append(insert_edit(at, text))
+        return
+    items = [*getattr(a, "posonlyargs", []), *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs]
+    if not items:
+        p = fc.b.open_paren_def(node)
+        fc.edits.append(insert_edit(p, f"*, {name}"))
+        return
+    last = max(items, key=lambda x: (x.end_lineno, x.end_col_offset))
+    end = src.offset(last.end_lineno, last.end_col_offset)
+    # a default after the last parameter
+    for d in [d for d in [*a.defaults, *a.kw_defaults] if d is not None]:
+        end = max(end, src.offset(d.end_lineno, d.end_col_offset))
+    text = f", {name}" if (a.vararg or a.kwonlyargs) else f", *, {name}"
+    fc.edits.append(insert_edit(end, text))

@@ -8,12 +8,21 @@ from typing import List, Set
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, guards, read, stmt_of,
+    ancestors_stmts, assigned, assigned_in, guards, read, stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
+
+
+def option_reads(call: ast.Call) -> Set[str]:
+    """The names the scaler's options read: what must exist where the scaler is made."""
+    out: Set[str] = set()
+    for k, v in kwargs(call).items():
+        if k not in ("models", "optimizers"):
+            out |= read(v)
+    return out
 
 
 class SeedRewrites:
@@ -87,16 +96,20 @@ class SeedRewrites:
                 raise Refuse(f"amp.initialize argument {k!r} has no native mapping")
         return enabled, notes, scaler_args, pure
 
-    def _hoist(self, s: Seed, enabled: str, reads: Set[str]):
+    def _hoist(self, s: Seed, enabled: str, reads: Set[str], lazy_ok: bool = False):
         """Where the scaler (or nothing) replaces the seed: (statement to put it before, enabled).
 
-        The seed's ``if`` guards (no ``else`` needed) fold into ``enabled``; any other enclosing
-        control flow refuses: the scaler must exist wherever the step runs."""
+        The seed's ``if`` guards (no ``else`` needed) fold into ``enabled``; a guard whose ``else``
+        only raises adds nothing (past it the test held); a ``with`` block runs its body once, as
+        straight code does.  Any other enclosing control flow refuses: the scaler must exist
+        wherever the step runs.  A lazy guard (``if self.optimizer is None:`` around the code that
+        sets ``self.optimizer``) runs once in a method called many times: the scaler stays inside
+        it when ``lazy_ok`` (an attribute that ``__init__`` makes disabled first), else refuses."""
         stmt = s.stmt
         unit = s.unit
         gs = guards(stmt, unit)
         for a in ancestors_stmts(stmt, unit):
-            if a in gs or isinstance(a, DEFS):
+            if a in gs or isinstance(a, DEFS + (ast.With, ast.AsyncWith)):
                 continue
             if isinstance(a, ast.If):  # stmt is in its else branch
                 if a.orelse and isinstance(a.orelse[0], ast.If) and len(a.orelse) == 1:
@@ -104,30 +117,43 @@ class SeedRewrites:
                                  "the scaler must exist wherever the step runs; make it once, before, by hand")
                 raise Refuse(f"line {stmt.lineno} runs in the `else` of the `if` at line {a.lineno}: the scaler "
                              "must exist wherever the step runs; make it once, before, by hand")
-            kind = {ast.For: "a `for` loop", ast.While: "a `while` loop", ast.With: "a `with` block"}.get(
-                type(a), "a `try` statement")
+            kind = {ast.For: "a `for` loop", ast.While: "a `while` loop"}.get(type(a), "a `try` statement")
             raise Refuse(f"line {stmt.lineno} runs inside {kind} (line {a.lineno}): the scaler must exist wherever "
                          f"the step runs; make it once, before, by hand")
-        for gd in gs:
-            # a name the enabled expression reads, assigned in the guard before the seed: stop there
-            before = []
-            for x in gd.body:
-                if x is stmt or any(y is stmt for y in walk(x)):
+        for i, gd in enumerate(gs):
+            if assigned_in(gd.body, skip=stmt) & read(gd.test):
+                if not lazy_ok:
+                    raise Refuse(f"line {stmt.lineno} runs once, under the `if` at line {gd.lineno} that tests what "
+                                 "it sets: the scaler must exist wherever the step runs; make it once, before, "
+                                 "by hand")
+                gs = gs[:i]
+                break
+        top = gs[-1] if gs else stmt
+        folded = [gd for gd in gs if not terminates(gd.orelse)]
+        reads = set(reads)
+        for gd in folded:
+            reads |= read(gd.test)
+        # a name the enabled expression reads, set before the seed inside what the scaler moves out of
+        if top is not stmt:
+            for a in [stmt, *ancestors_stmts(stmt, unit)]:
+                if a is top:
                     break
-                before.append(x)
-            if any(assigned(b) & reads for b in before):
-                raise Refuse(f"line {stmt.lineno}: `{', '.join(sorted(reads))}` is set inside the `if` at line "
-                             f"{gd.lineno}; make the scaler by hand")
+                owner, field, block = block_of(a)
+                before = block[:next(i for i, x in enumerate(block) if x is a)]
+                hit = sorted(assigned_in(before) & reads)
+                if hit:
+                    raise Refuse(f"line {stmt.lineno}: `{', '.join(hit)}` is set inside the `{type(top).__name__.lower()}`"
+                                 f" at line {top.lineno}, before it; make the scaler by hand")
         cond = enabled
-        for gd in reversed(gs):
+        for gd in reversed(folded):
             cond = conj(as_bool(s.module.src.code(gd.test), gd.test), cond) if cond != "False" else cond
-        return (gs[-1] if gs else stmt), cond
+        return top, cond
 
     def _exported_options(self, s: Seed):
         """The options of the seed a virtual seed came from, said in its caller's terms."""
         orig, cs, telts, returned = s.exported_from
         enabled, notes, scaler_args, pure = self._options(orig)
-        gs = guards(orig.stmt, orig.unit)
+        gs = [gd for gd in guards(orig.stmt, orig.unit) if not terminates(gd.orelse)]
         for gd in reversed(gs):
             enabled = conj(as_bool(orig.module.src.code(gd.test), gd.test), enabled)
         mapped = [substitute(x, orig, cs) for x in [enabled, *scaler_args]]
@@ -157,8 +183,11 @@ class SeedRewrites:
             if target.startswith("self."):
                 self._default_in_init(s)
             return
-        reads = read(s.call)
-        at, cond = self._hoist(s, enabled, reads)
+        target = self._scaler_target(s)
+        lazy_ok = target.startswith("self.")
+        at, cond = self._hoist(s, enabled, option_reads(s.call), lazy_ok)
+        if lazy_ok and guards(s.stmt, s.unit) and at is not guards(s.stmt, s.unit)[-1]:
+            self.must_default.add(id(s.func.cls))  # made under a lazy guard: __init__ makes a disabled one
         self.enabled[s.idx] = cond
         # apex's private first loss scale, set beside initialize (ViT-pytorch and its copies)
         for u, c in self.g.needs:
@@ -168,7 +197,6 @@ class SeedRewrites:
                 scaler_args.insert(0, f"init_scale={val}")
                 self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
         args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
-        target = self._scaler_target(s)
         col = m.src.char_col(at.lineno, at.col_offset)
         made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
         after = self._reassign(s)
@@ -191,7 +219,8 @@ class SeedRewrites:
         """``self.scaler`` made in a method other than ``__init__``: ``__init__`` makes a disabled one
         first, so that the other methods always find it."""
         f = s.func
-        if f.node.name == "__init__" or id(f.cls) in self.default_made or self._called_from_init(f):
+        if id(f.cls) in self.default_made or f.node.name == "__init__" or (
+                self._called_from_init(f) and id(f.cls) not in self.must_default):
             return
         self.default_made.add(id(f.cls))
         init = next((x for x in f.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -302,7 +331,7 @@ class SeedRewrites:
             self._pure_fp16(s)
             return
         fc = self.fc(s.module)
-        at, cond = self._hoist(s, enabled, set() if moved else read(s.call))
+        at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call))
         if not moved:
             after = self._reassign(s)
             if after:
@@ -402,7 +431,7 @@ class SeedRewrites:
                     raise Refuse(f"the handle of amp.init is used at line {n.lineno}: migrate it by hand")
         elif not isinstance(stmt, ast.Expr):
             raise Refuse(f"amp.init at line {s.use.line} is not a statement of its own")
-        at, cond = self._hoist(s, enabled, read(call))
+        at, cond = self._hoist(s, enabled, option_reads(call))
         fc = self.fc(s.module)
         fc.remove(s.stmt)
         owner, field, block = block_of(at)
@@ -412,10 +441,23 @@ class SeedRewrites:
             rest.pop()
         if not rest:
             raise Refuse(f"nothing runs after amp.init at line {s.use.line}")
-        end = rest[-1]
+        start, end = rest[0], rest[-1]
         if isinstance(block[end], ast.Return):
             end -= 1
-        self._add_region(s.module, block, rest[0], end, autocast_call(self.s, cond))
+        # the models made after it (names later called, `out = model(x)`): autocast covers the
+        # statements that run them, not the seeding, the construction or the prints around
+        made = set()
+        for j in rest:
+            x = block[j]
+            if isinstance(x, ast.Assign):
+                made |= {t.id for t in x.targets if isinstance(t, ast.Name)}
+        called = {n.func.id for j in rest for n in walk(block[j], into_functions=False)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        models = made & called
+        touching = [j for j in rest if models and self._uses_model(block[j], models)]
+        if touching:
+            start, end = touching[0], touching[-1]
+        self._add_region(s.module, block, start, end, autocast_call(self.s, cond))
         self.g.description = "apex.amp.init -> torch.autocast around what follows it"
 
     def _initial_scale(self, u: Use) -> str:

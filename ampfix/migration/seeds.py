@@ -43,9 +43,10 @@ def availability_check(node) -> Optional[ast.stmt]:
 
 SCALER_STATE_HELPER = '''def _scaler_state(scaler, state):
     """GradScaler state from a checkpoint, also one that apex.amp saved before the migration."""
-    if "loss_scaler0" in state:  # apex.amp.state_dict(): {"loss_scaler0": {"loss_scale", "unskipped"}}
+    if "loss_scaler0" in state:  # apex: {"loss_scaler0": {"loss_scale", "unskipped"}}
         old = state["loss_scaler0"]
-        return {**scaler.state_dict(), "scale": float(old["loss_scale"]), "_growth_tracker": int(old["unskipped"])}
+        scale, tracker = float(old["loss_scale"]), int(old["unskipped"])
+        return {**scaler.state_dict(), "scale": scale, "_growth_tracker": tracker}
     return state
 '''
 

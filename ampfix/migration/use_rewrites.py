@@ -9,7 +9,7 @@ from typing import Optional, Set
 from ampfix.model.analysis import arg, kwargs, method_call, receiver
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
+    ancestors_stmts, assigned, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
 from ampfix.migration.spell import autocast_call
 from ampfix.model.semantic import dotted, walk
@@ -138,6 +138,9 @@ class UseRewrites:
             return
         region, missing = forward_region(site, loss, unit, barriers, self._models(u.module, func))
         header = autocast_call(self.s, self._autocast_enabled(u.module, func, c))
+        if region is not None and func is not None and self._only_rescales(region, loss, func):
+            # `loss = loss / accumulation` on a parameter: the forward pass is in the callers
+            region, missing = None, {loss.id}
         if region is not None:
             if any(self._under_autocast(x) for x in region.stmts):
                 return
@@ -169,6 +172,20 @@ class UseRewrites:
             cc = self.solver.solve(cs.module, cs.caller)
             hdr = autocast_call(self.s, self._autocast_enabled(cs.module, cs.caller, cc) if cc else "True")
             self._add_region(cs.module, r.block, r.first, r.last, hdr)
+
+    @staticmethod
+    def _only_rescales(region, loss, func) -> bool:
+        """The region only rescales the loss that came in as a parameter (``loss = loss / n``,
+        ``loss = loss.mean()``): no forward pass is there."""
+        if not (isinstance(loss, ast.Name) and loss.id in [*func.positional, *func.kwonly]):
+            return False
+        for st in region.stmts:
+            if loss.id not in read(st) or loss.id not in assigned(st):
+                return False
+            for n in walk(st):
+                if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == loss.id):
+                    return False
+        return True
 
     def _models(self, module, func) -> Set[str]:
         """Names that hold an initialized model where a region is planned (a region starts at
@@ -250,9 +267,54 @@ class UseRewrites:
         return {dotted(t) for t in ([loop.target] if not isinstance(loop.target, ast.Tuple) else loop.target.elts)}
 
     def _steps_elsewhere(self, u: Use, c: Carrier, names: Set[str]) -> None:
+        """A trainer whose ``backward_step(loss)`` scales the loss and whose ``optim_step()`` steps:
+        the scaler lives on ``self``, so the step of another method of the class is the scaler's,
+        when every backward of the class is the scaled one (no step there follows a plain
+        backward)."""
         func = u.func
-        raise Refuse(f"the step of `{', '.join(sorted(names))}` after the scaled backward at line {u.line} is not in "
-                     f"`{func.qualname if func else 'module level'}`: migrate the step by hand")
+        why = (f"the step of `{', '.join(sorted(names))}` after the scaled backward at line {u.line} is not in "
+               f"`{func.qualname if func else 'module level'}`")
+        if func is None or func.cls is None or not func.is_method or not c.expr.startswith("self.") or not all(
+                n.startswith("self.") for n in names):
+            raise Refuse(f"{why}: migrate the step by hand")
+        m = u.module
+        fc = self.fc(m)
+        methods = [x for x in func.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        scaled_withs = {id(w) for x in methods for w in walk(x)
+                        if isinstance(w, (ast.With, ast.AsyncWith)) and id(w) in fc.touched}
+        for x in methods:
+            for n in walk(x):
+                if not (method_call(n, "backward") and isinstance(getattr(n, "_p", None), ast.Expr)):
+                    continue
+                st = n._p
+                ok = any(id(a) in scaled_withs for a in ancestors_stmts(st, x))
+                gd = getattr(st, "_p", None)
+                ok = ok or (isinstance(gd, ast.If) and id(gd) in fc.touched and any(e is st for e in gd.orelse))
+                if not ok:
+                    raise Refuse(f"{why}, and `{m.src.code(n)}` at line {n.lineno} is a backward that is not "
+                                 "scaled: migrate the step by hand")
+        found = []
+        for x in methods:
+            if x is func.node:
+                continue
+            steps = [n for n in walk(x) if method_call(n, "step") and not n.args and not n.keywords
+                     and m.src.code(receiver(n)) in names]
+            if steps:
+                found.append((x, steps))
+        if not found:
+            raise Refuse(f"{why} nor in another method of `{func.cls.name}`: migrate the step by hand")
+        for x, steps in found:
+            for n in steps:
+                st = stmt_of(n)
+                if not (isinstance(st, ast.Expr) and st.value is n):
+                    raise Refuse(f"`{m.src.code(n)}` at line {n.lineno} is not a statement of its own")
+                fc.replace(n, f"{c.expr}.step({m.src.code(receiver(n))})")
+            last = max(steps, key=lambda n: (n.lineno, n.col_offset))
+            fc.insert_after(stmt_of(last), [f"{c.expr}.update()"])
+            key = ("f", id(x))
+            self.steps_of[key] = steps
+            self.step_methods.add(key)
+        self.notes.add(f"the optimizer steps in another method of `{func.cls.name}`: the scaler on self steps it")
 
     # -- master_params, state ---------------------------------------------------------------------
     def _master_params(self, u: Use, c: Carrier) -> None:
@@ -267,7 +329,8 @@ class UseRewrites:
         code = u.module.src.code
         o = code(opt)
         fc = self.fc(u.module)
-        params = self._parameters_named(u, opt) or f'(p for group in {o}.param_groups for p in group["params"])'
+        params = (self._twin_params(u, call) or self._parameters_named(u, opt)
+                  or f'(p for group in {o}.param_groups for p in group["params"])')
         st = stmt_of(call)
         key = self._key(u)
         unit = u.func.node if u.func is not None else u.module.tree
@@ -278,7 +341,9 @@ class UseRewrites:
             self._clip_at_the_step(u, c, call, steps, o, params)
             return
         fc.replace(call, params)
-        if self.pure or not follows(st, backs, unit):
+        # in the method that steps after another's scaled backward, a clip before the step
+        before_step = key in self.step_methods and any(follows(stmt_of(x), [st], unit) for x in steps)
+        if self.pure or not (follows(st, backs, unit) or before_step):
             return
         done = getattr(self, "_unscaled", None)
         if done is None:
@@ -288,6 +353,23 @@ class UseRewrites:
         done.append((u.module, o, st))
         fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
         self._collapse_clip(u, st)
+
+    def _twin_params(self, u: Use, call) -> Optional[str]:
+        """``if fp16: clip(amp.master_params(opt), n) else: clip(model.parameters(), n)``: the
+        parameters the fp32 twin clipped, by the name the code has, once the two branches become one."""
+        clip = getattr(call, "_p", None)
+        if not (isinstance(clip, ast.Call) and clip.args and clip.args[0] is call):
+            return None
+        st = stmt_of(clip)
+        gd = getattr(st, "_p", None)
+        if not (isinstance(gd, ast.If) and any(x is st for x in gd.body) and gd.orelse):
+            return None
+        code = u.module.src.code
+        found = [x.value.args[0] for x in gd.orelse if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)
+                 and dotted(x.value.func) == dotted(clip.func) and x.value.args]
+        if len(found) != 1 or "master_params" in code(found[0]):
+            return None
+        return code(found[0])
 
     def _parameters_named(self, u: Use, opt) -> Optional[str]:
         """``model.parameters()`` where the optimizer was built from it in the same function (and
