@@ -244,6 +244,45 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # the loss scale is computed under the flag, right before initialize: the scaler is
+            # made there, a disabled one before the `if`, and autocast follows the scaler
+            """
+            from apex import amp
+
+            def main(args, model, optimizer, loader):
+                if args.amp:
+                    loss_scale = None if args.dynamic else args.scale
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale=loss_scale)
+                for x, y in loader:
+                    loss = model(x, y)
+                    optimizer.zero_grad()
+                    with amp.scale_loss(loss, optimizer) as scaled:
+                        scaled.backward()
+                    optimizer.step()
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            def main(args, model, optimizer, loader):
+                scaler = torch.amp.GradScaler("cuda", enabled=False)
+                if args.amp:
+                    loss_scale = None if args.dynamic else args.scale
+                    scaler = torch.amp.GradScaler(
+                        "cuda",
+                        init_scale=2.0**16 if loss_scale in (None, 0, "dynamic") else float(loss_scale),
+                        growth_interval=2000 if loss_scale in (None, 0, "dynamic") else 2**31 - 1,
+                    )
+                for x, y in loader:
+                    with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):
+                        loss = model(x, y)
+                    optimizer.zero_grad()
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """,
+        ),
+        Invalid(
             # an optimizer that amp.initialize returns but nothing scales: training runs unscaled
             """
             from apex import amp

@@ -16,6 +16,11 @@ from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
 
 
+class SetInside(Refuse):
+    """The scaler's options read a name the seed's guard sets before it: the scaler cannot move
+    above the guard (it can stay where the seed is, with a disabled one made before the guard)."""
+
+
 def option_reads(call: ast.Call) -> Set[str]:
     """The names the scaler's options read: what must exist where the scaler is made."""
     out: Set[str] = set()
@@ -142,7 +147,7 @@ class SeedRewrites:
                 before = block[:next(i for i, x in enumerate(block) if x is a)]
                 hit = sorted(assigned_in(before) & reads)
                 if hit:
-                    raise Refuse(f"line {stmt.lineno}: `{', '.join(hit)}` is set inside the `{type(top).__name__.lower()}`"
+                    raise SetInside(f"line {stmt.lineno}: `{', '.join(hit)}` is set inside the `{type(top).__name__.lower()}`"
                                  f" at line {top.lineno}, before it; make the scaler by hand")
         cond = enabled
         for gd in reversed(folded):
@@ -185,7 +190,11 @@ class SeedRewrites:
             return
         target = self._scaler_target(s)
         lazy_ok = target.startswith("self.")
-        at, cond = self._hoist(s, enabled, option_reads(s.call), lazy_ok)
+        try:
+            at, cond = self._hoist(s, enabled, option_reads(s.call), lazy_ok)
+        except SetInside:
+            self._in_place_with_default(s, target, enabled, scaler_args)
+            return
         if lazy_ok and guards(s.stmt, s.unit) and at is not guards(s.stmt, s.unit)[-1]:
             self.must_default.add(id(s.func.cls))  # made under a lazy guard: __init__ makes a disabled one
         self.enabled[s.idx] = cond
@@ -210,6 +219,30 @@ class SeedRewrites:
                 fc.remove(s.stmt)
         if target.startswith("self."):
             self._default_in_init(s)
+
+    def _in_place_with_default(self, s: Seed, target: str, enabled: str, scaler_args: List[str]) -> None:
+        """``if amp: loss_scale = ...; initialize(..., loss_scale=loss_scale)``: the scaler is made
+        where initialize was (its options are known only there), and a disabled one before the
+        guard, so that the step finds one on every path; autocast follows the scaler."""
+        m = s.module
+        fc = self.fc(m)
+        gs = guards(s.stmt, s.unit)
+        for a in ancestors_stmts(s.stmt, s.unit):
+            if not (a in gs or isinstance(a, DEFS + (ast.With, ast.AsyncWith))):
+                raise Refuse(f"line {s.stmt.lineno}: the scaler's options are set inside the `{type(a).__name__.lower()}`"
+                             f" at line {a.lineno}; make the scaler by hand")
+        top = gs[-1]
+        args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
+        col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
+        made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+        fc.replace_statement(s.stmt, [made, *self._reassign(s)])
+        if target.startswith("self."):
+            self.must_default.add(id(s.func.cls))
+            self._default_in_init(s)
+        else:
+            fc.insert_before(top, [f"{target} = {scaler_call(self.s, ['enabled=False'])}"])
+        self.enabled[s.idx] = f"{target}.is_enabled()"
+        self.notes.add("the scaler's options are computed under the `if`: it is made there, a disabled one before")
 
     def _scaler_target(self, s: Seed) -> str:
         c = self.solver.solve(s.module, s.func)

@@ -12,7 +12,7 @@ from ampfix.migration.flow import (
     ancestors_stmts, assigned, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
 from ampfix.migration.spell import autocast_call
-from ampfix.model.semantic import dotted, walk
+from ampfix.model.semantic import block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
 from ampfix.migration.seeds import SCALER_STATE_HELPER, Carrier, Use
@@ -245,6 +245,7 @@ class UseRewrites:
                 if not (isinstance(st, ast.Expr) and st.value is s):
                     raise Refuse(f"`{u.module.src.code(s)}` at line {s.lineno} is not a statement of its own")
                 fc.replace(s, f"{c.expr}.step({u.module.src.code(receiver(s))})")
+            self._unscale_for_gradient_reads(u, c, unit, backs, converted)
             last = max(converted, key=lambda n: (n.lineno, n.col_offset))
             anchor = stmt_of(last)
             # after a loop over the optimizers, once
@@ -252,6 +253,54 @@ class UseRewrites:
                 if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
                     anchor = a
             fc.insert_after(anchor, [f"{c.expr}.update()"])
+
+    def _unscale_for_gradient_reads(self, u: Use, c: Carrier, unit, backs, steps) -> None:
+        """apex unscaled the gradients when ``scale_loss`` exited: code between the backward and
+        the step that reads them (a clip of the model's parameters, a gradient norm logged) read
+        true gradients.  ``scaler.unscale_(opt)`` right after the backward keeps that, where the
+        step runs on every iteration the backward does (no accumulation: unscale_ may run once
+        per step).  A clip of ``amp.master_params`` is left to its own rewrite."""
+        m = u.module
+        for site in backs:
+            owner, field, block = block_of(site)
+            i = next((k for k, x in enumerate(block) if x is site), None)
+            if i is None:
+                continue
+            for s in steps:
+                j = next((k for k in range(i + 1, len(block)) if block[k] is stmt_of(s) or any(
+                    y is s for y in walk(block[k]))), None)
+                if j is None or not runs_as_often(site, stmt_of(s), unit):
+                    continue
+                between = block[i + 1:j + 1]
+                if not any(self._reads_gradients(x, m) for x in between):
+                    continue
+                if any("master_params" in m.src.code(x) for x in between):
+                    continue
+                o = m.src.code(receiver(s))
+                done = getattr(self, "_unscaled", None)
+                if done is None:
+                    done = self._unscaled = []
+                if any(mm is m and oo == o and dominates(prev, block[i + 1]) for mm, oo, prev in done):
+                    continue
+                done.append((m, o, site))
+                fc = self.fc(m)
+                fc.insert_after(site, [f"{c.expr}.unscale_({o})"])
+                self.notes.add("the gradients are read before the step (a clip, a norm): scaler.unscale_ right after "
+                               "the backward, as apex unscaled them there")
+
+    @staticmethod
+    def _reads_gradients(stmt, module) -> bool:
+        for n in [stmt, *walk(stmt)]:
+            if isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.ctx, ast.Load):
+                return True
+            if isinstance(n, ast.Call):
+                name = (dotted(n.func) or "").split(".")[-1]
+                if name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grads"):
+                    return True
+                if ("grad" in name.lower() or "norm" in name.lower()) and any(
+                        method_call(a, "parameters", "named_parameters") for a in n.args):
+                    return True
+        return False
 
     def _loop_vars(self, unit, names: Set[str]) -> Set[str]:
         out = set()

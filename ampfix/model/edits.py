@@ -301,8 +301,26 @@ class Builder:
         if first:
             a = self.span(args[0])[0]
             return Edit(a, a, text + ", ")
-        b = self.span(args[-1])[1]
-        return Edit(b, b, ", " + text)
+        # after the last token before the call's `)`: an argument's own closing parentheses
+        # (`f(a, (b == 0))`) and a trailing comma are not inside any argument's span
+        start = self.span(args[-1])[1]
+        end = self.src.offset(call.end_lineno, call.end_col_offset) - 1
+        seg = self.src.text[start:end]
+        last, comma, i = 0, False, 0
+        while i < len(seg):
+            c = seg[i]
+            if c == "#":
+                while i < len(seg) and seg[i] not in "\r\n":
+                    i += 1
+                continue
+            if c in ")]},":
+                last, comma = i + 1, c == ","
+            i += 1
+        b = start + last
+        if comma and "\n" in seg[last:]:  # one argument a line: the new one on its own line too
+            line = self.src.line_text(args[-1].lineno)
+            return Edit(b, b, self.nl + line[:len(line) - len(line.lstrip())] + text + ",")
+        return Edit(b, b, (" " + text + ",") if comma else (", " + text))
 
     def remove_arg(self, call, node) -> Edit:
         """Remove one argument and the comma that separates it from its neighbour."""
