@@ -28,6 +28,9 @@ def _common(f):
                                        "project's torch has: torch.amp from 2.3)."),
         click.option("--torch-version", help="The torch release the code runs on, e.g. 1.13 or 2.4 (default: the "
                                               "project's pin in requirements/pyproject/setup, else 2.4)."),
+        click.option("--dtype", type=click.Choice(["float16", "bfloat16"]), default=None,
+                     help="The half precision migrations write: float16 (autocast + GradScaler, the default) or "
+                          "bfloat16 (autocast alone: no loss scaling; Ampere GPUs and newer)."),
         click.option("--extend-exclude", multiple=True, help="More glob patterns to exclude."),
         click.option("--no-respect-gitignore", is_flag=True, help="Check files that .gitignore excludes."),
         click.option("--stdin-filename", help="The name to report for code read from '-'."),
@@ -51,7 +54,7 @@ def _config(kw) -> Config:
 def _with_flags(cfg: Config, kw, start: Path) -> Config:
     """The command line's flags over a loaded configuration (they win over every file)."""
     return apply_overrides(cfg, start, select=kw["select"], extend_select=kw["extend_select"], ignore=kw["ignore"],
-                           target=kw["target"], torch_version=kw["torch_version"],
+                           target=kw["target"], torch_version=kw["torch_version"], dtype=kw.get("dtype"),
                            extend_exclude=kw["extend_exclude"], respect_gitignore=not kw["no_respect_gitignore"])
 
 
@@ -321,6 +324,7 @@ def _show_settings(kw) -> int:
         f"torch version:   {'.'.join(map(str, s.torch_version))}   (from: {s.torch_version_source})",
         f"target spelling: {s.target}   ({'set by --target/target' if s.target_setting else 'from the torch version'};"
         f" a GradScaler is written {scaler})",
+        f"half precision:  {s.dtype}   ({'autocast alone, no GradScaler' if s.dtype == 'bfloat16' else 'autocast + GradScaler'})",
         f"unsafe fixes:    {cfg.unsafe_fixes}",
         f"respect .gitignore: {cfg.respect_gitignore}",
         f"exclude:         {', '.join(cfg.all_excludes) or '-'}",

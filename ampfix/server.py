@@ -60,7 +60,8 @@ class AmpfixServer(LanguageServer):
             cfg = load_config(None, start=folder if folder.is_dir() else Path.cwd())
             cfg = apply_overrides(cfg, folder, select=o.get("select"), extend_select=o.get("extendSelect"),
                                   ignore=o.get("ignore"), target=o.get("target"),
-                                  torch_version=o.get("torchVersion"), origin="initializationOptions: ")
+                                  torch_version=o.get("torchVersion"), dtype=o.get("dtype"),
+                                  origin="initializationOptions: ")
             if o.get("unsafeFixes") is not None:
                 cfg.unsafe_fixes = bool(o["unsafeFixes"])
             self.configs[folder] = (cfg, cfg.codes_for(Path(path), cfg.selected_codes()))
@@ -359,7 +360,7 @@ def migrate_folder(folder: str, fix: str, options: dict) -> Dict[str, Tuple[str,
     cfg = apply_overrides(load_config(None, start=Path(folder)), Path(folder), select=options.get("select"),
                           extend_select=options.get("extendSelect"), ignore=options.get("ignore"),
                           target=options.get("target"), torch_version=options.get("torchVersion"),
-                          origin="initializationOptions: ")
+                          dtype=options.get("dtype"), origin="initializationOptions: ")
     selected = cfg.selected_codes()
     files = list(discover([folder], cfg.root, cfg.all_excludes, cfg.respect_gitignore, []))
     # in this process (workers=1): no worker processes forked from the server's threads

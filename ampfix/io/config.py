@@ -14,11 +14,11 @@ else:  # pragma: no cover
 
 from ampfix.engine.codes import ENGINE_CODES
 from ampfix.registry import all_rules
-from ampfix.model.settings import TARGETS, Settings, parse_version
+from ampfix.model.settings import DTYPES, TARGETS, Settings, parse_version
 
 KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
-    "target", "torch-version", "respect-gitignore", "unsafe-fixes", "extend",
+    "target", "torch-version", "respect-gitignore", "unsafe-fixes", "extend", "dtype",
 }
 
 
@@ -244,6 +244,8 @@ def apply_table(cfg: Config, table: dict, origin: str) -> None:
             setattr(cfg, attr, table[key])
     if "target" in table:
         cfg.settings = cfg.settings.with_overrides(target=check_target(table["target"], origin))
+    if "dtype" in table:
+        cfg.settings = cfg.settings.with_overrides(dtype=check_dtype(table["dtype"], origin))
     if "torch-version" in table:
         if not isinstance(table["torch-version"], str):
             raise ConfigError(f"{origin}: torch-version must be a string such as \"2.10\", not "
@@ -251,6 +253,12 @@ def apply_table(cfg: Config, table: dict, origin: str) -> None:
                               "(TOML reads 2.10 as the number 2.1)")
         cfg.settings = cfg.settings.with_overrides(torch_version=check_version(table["torch-version"], origin),
                                                    torch_version_source=f"{origin}: torch-version")
+
+
+def check_dtype(value, origin="--dtype") -> str:
+    if value not in DTYPES:
+        raise ConfigError(f"{origin}: dtype must be one of {', '.join(DTYPES)}, not {value!r}")
+    return value
 
 
 def check_target(value, origin="--target") -> str:
@@ -276,7 +284,7 @@ def _csv(text) -> List[str]:
 
 def apply_overrides(cfg: Config, start: Path, *, select=None, extend_select=None, ignore=None, target=None,
                     torch_version=None, extend_exclude=(), respect_gitignore: bool = True,
-                    origin: str = "--") -> Config:
+                    origin: str = "--", dtype=None) -> Config:
     """Flags (the command line's, or an editor's initializationOptions) over a loaded
     configuration: they win over every file.  Lists or comma-separated strings."""
     if select is not None:
@@ -291,6 +299,8 @@ def apply_overrides(cfg: Config, start: Path, *, select=None, extend_select=None
         expand(cfg.ignore, f"{origin}ignore")
     if target:
         cfg.settings = cfg.settings.with_overrides(target=check_target(target, f"{origin}target"))
+    if dtype:
+        cfg.settings = cfg.settings.with_overrides(dtype=check_dtype(dtype, f"{origin}dtype"))
     if torch_version:
         cfg.settings = cfg.settings.with_overrides(torch_version=check_version(torch_version, f"{origin}torch-version"),
                                                    torch_version_source=f"{origin}torch-version")

@@ -29,7 +29,7 @@ from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.flow import (
     stmt_of,
 )
-from ampfix.migration.spell import description
+from ampfix.migration.spell import bf16, description
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
 from ampfix.model.semantic import dotted, walk
@@ -258,7 +258,8 @@ class AmpPlanner:
                 taken |= {n.id for n in walk(m.tree, into_functions=True) if isinstance(n, ast.Name)}
                 taken |= {n.attr for n in walk(m.tree, into_functions=True) if isinstance(n, ast.Attribute)}
                 taken |= {a.arg for n in walk(m.tree, into_functions=True) if isinstance(n, ast.arg) for a in [n]}
-        for name in ("scaler", "grad_scaler", "amp_scaler"):
+        for name in (("use_amp", "amp_enabled", "use_bf16") if bf16(self.p.settings) else
+                     ("scaler", "grad_scaler", "amp_scaler")):
             if name not in taken:
                 return name
         return "amp_grad_scaler"
@@ -311,6 +312,16 @@ class AmpPlanner:
 class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
     """Plans one group: its seeds, and every use its scaler must reach."""
 
+    @property
+    def noscale(self) -> bool:
+        """Nothing scales the loss: O3's pure float16, or bfloat16."""
+        return self.pure or self.bf16
+
+    def needs_flag(self) -> bool:
+        """bfloat16: whether a use's function reads the AMP switch through what is carried (a
+        flag on self, a parameter, a module global), not the seed's own condition."""
+        return any(c is not None and (c.kind != "local" or len(c.seeds) != 1) for _, c in self.g.needs)
+
     def __init__(self, planner: AmpPlanner, g: Group, solver: Solver) -> None:
         super().__init__(planner.p, g)
         self.planner = planner
@@ -319,6 +330,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.enabled: Dict[int, str] = {}  # seed idx -> enabled expression (in its function)
         self.autocast_enabled: Dict[object, str] = {}  # carrier key -> autocast enabled= in that function
         self.pure = False
+        #: --dtype bfloat16: autocast to bfloat16, and no GradScaler: the carried object is a flag
+        self.bf16 = bf16(self.s)
         self.notes = g.notes
         self.scaled: Dict[object, Set[str]] = {}  # function key -> optimizer expressions scaled there
         self.backward_sites: Dict[object, List[ast.stmt]] = {}
@@ -354,7 +367,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         elif training:
             g.description = "apex.amp -> " + description(self.s)
         else:
-            g.description = "apex.amp -> " + description(self.s).split(" + ")[0] + " around the model's forward"
+            g.description = "apex.amp -> " + description(self.s).split(" + ")[0].split(",")[0] + " around the model's forward"
         # the uses the scaler reaches
         carriers: Dict[object, Carrier] = {}
         for u, c in g.needs:
@@ -362,7 +375,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         for u, c in sorted(g.needs, key=lambda x: (x[0].module.path, x[0].line)):
             if u.kind == "scale_loss":
                 self._scale_loss(u, c)
-        if not self.pure:
+        if not self.noscale:
             self._steps()
         for u, c in g.needs:
             if u.kind == "master_params":
@@ -379,6 +392,10 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                     self.fc(u.module).remove(st)
         self._carriers()
         self._finish_regions()
+        if self.bf16:
+            # what the notes say of a GradScaler does not apply: there is none
+            for n in [n for n in self.notes if "GradScaler" in n or "unscale" in n]:
+                self.notes.discard(n)
         for path in g.paths:
             m = self.p.modules[path]
             if path in g.changes or g.uses.get(path):

@@ -33,7 +33,7 @@ from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.migration.flow import follows, forward_region, guards, stmt_of
-from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, description, scaler_call
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, description, scaler_call
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
 from ampfix.model.semantic import block_of, dotted, walk
@@ -125,8 +125,12 @@ class Fp16Plan(Rewriter):
         self.func = func
         self.unit = func.node if func is not None else m.tree
         scaler_args, notes, anchor = self._scaler_args(calls, stmts)
-        self.notes |= notes
-        self.notes.add(CHECKPOINT_NOTE)
+        if bf16(self.s):
+            self.notes.add(CHECKPOINT_NOTE.split("; save")[0] + "; bfloat16 needs no loss scaling: apex's loss "
+                           "scale has no counterpart")
+        else:
+            self.notes |= notes
+            self.notes.add(CHECKPOINT_NOTE)
         self.scaler = self._scaler_name()
         self.g.description = "FP16_Optimizer -> " + description(self.s)
         #: functions of this module the optimizer is handed to: {id(def): (function, its parameter)}
@@ -211,9 +215,13 @@ class Fp16Plan(Rewriter):
             add_keyword_param(fc, f, self.scaler)
             for cs in self.p.callers(f):
                 fc.edits.append(fc.b.insert_arg(cs.node, f"{self.scaler}={self.scaler}"))
-            self.notes.add(f"`{f.qualname}` receives the optimizer: it takes the GradScaler too, as `{self.scaler}=`")
+            what = "whether AMP is on" if bf16(self.s) else "the GradScaler"
+            self.notes.add(f"`{f.qualname}` receives the optimizer: it takes {what} too, as `{self.scaler}=`")
 
     def _scaler_name(self) -> str:
+        if bf16(self.s):
+            taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
+            return next(x for x in ("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if x not in taken)
         taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
         if self.opt.startswith("self."):
             attrs = {n.attr for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Attribute)}
@@ -319,10 +327,10 @@ class Fp16Plan(Rewriter):
             # if fp16: <apex optimizer> else: <fp32 optimizer>  ->  the fp32 optimizer, and the scaler
             if self._is_elif(outer):
                 raise Refuse(f"the fp16 path at line {outer.lineno} is one branch of an elif chain")
-            made = f"{self.scaler} = {scaler_call(self.s, args, self._col(outer), self.scaler + ' = ')}"
+            made = self._made(args, cond, self._col(outer))
             fc.unwrap(outer, outer.orelse)
             fc.touched.add(id(outer))
-            fc.insert_after(outer.orelse[-1], [made], indent=self.m.src.indent_of(outer.orelse[0].lineno)[
+            fc.insert_after(outer.orelse[-1], made, indent=self.m.src.indent_of(outer.orelse[0].lineno)[
                 :len(self.m.src.indent_of(outer.lineno))])
             self.fp32_optimizer = [s for s in outer.orelse if isinstance(s, ast.Assign) and
                                    dotted(s.targets[0]) == self.opt and isinstance(s.value, ast.Call)]
@@ -332,16 +340,27 @@ class Fp16Plan(Rewriter):
             return cond
         self.fp32_optimizer = []
         self.gone_block = None
-        made = f"{self.scaler} = {scaler_call(self.s, args, self._col(outer or anchor), self.scaler + ' = ')}"
+        made = self._made(args, cond, self._col(outer or anchor))
         if outer is None:
-            fc.replace_statement(anchor, [*keep_inner, made])
+            if keep_inner or made:
+                fc.replace_statement(anchor, [*keep_inner, *made])
+            else:
+                fc.remove(anchor)
         else:
-            fc.insert_before(outer, [made])
+            if made:
+                fc.insert_before(outer, made)
             if keep_inner:
                 fc.replace_statement(anchor, keep_inner)
             else:
                 fc.remove(anchor)
         return cond
+
+    def _made(self, args: List[str], cond: str, col: int) -> List[str]:
+        """The scaler's statement; with bfloat16 the flag that says whether AMP is on, only where a
+        function the optimizer is handed to reads it."""
+        if bf16(self.s):
+            return [f"{self.scaler} = {cond}"] if self.callees else []
+        return [f"{self.scaler} = {scaler_call(self.s, args, col, self.scaler + ' = ')}"]
 
     def _col(self, stmt) -> int:
         return self.m.src.char_col(stmt.lineno, stmt.col_offset)
@@ -556,13 +575,18 @@ class Fp16Plan(Rewriter):
             for k in call.keywords:
                 if k.arg not in ("loss", "retain_graph", "update_master_grads"):
                     raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument {k.arg!r}")
-            fc.replace(call, f"{scaler}.scale({self.code(loss)}).backward({', '.join(extra)})")
+            if bf16(self.s):
+                lc = self.code(loss)
+                lc = f"({lc})" if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.NamedExpr)) else lc
+                fc.replace(call, f"{lc}.backward({', '.join(extra)})")
+            else:
+                fc.replace(call, f"{scaler}.scale({self.code(loss)}).backward({', '.join(extra)})")
             site = self._collapse_twin(st, loss)
             sites.append(site)
             unit = self.m.function_of(call)
             unit = unit.node if unit is not None else m.tree
             header = autocast_call(self.s, self.enabled if (self.m.function_of(call) is self.func) else
-                                   f"{scaler}.is_enabled()")
+                                   (scaler if bf16(self.s) else f"{scaler}.is_enabled()"))
             region, missing = forward_region(site, loss, unit, [], self.models)
             if region is None:
                 raise Refuse(f"the loss `{self.code(loss)}` is not computed before `{self.code(call)}` (line "
@@ -575,6 +599,8 @@ class Fp16Plan(Rewriter):
                             self._unwrap(n)
         # steps that follow a scaled backward, then one update (in each function that steps)
         conv = [s for s in steps if follows(stmt_of(s), sites, (m.function_of(s).node if m.function_of(s) else m.tree))]
+        if bf16(self.s):
+            conv = []  # no scaler: the optimizer steps itself
         for s in conv:
             fc.replace(s, f"{scaler}.step({self._opt_of(s)})")
         last_in: Dict[int, ast.Call] = {}
@@ -593,7 +619,8 @@ class Fp16Plan(Rewriter):
             params = f'(p for group in {o}.param_groups for p in group["params"])'
             rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
             fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
-            fc.insert_before(st, [f"{scaler}.unscale_({o})"])
+            if not bf16(self.s):
+                fc.insert_before(st, [f"{scaler}.unscale_({o})"])
             self._collapse_clip(st)
         for call in updates:
             st = stmt_of(call)
@@ -608,6 +635,8 @@ class Fp16Plan(Rewriter):
             if call.args:
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument")
         for node in scales:
+            if bf16(self.s):
+                raise Refuse(f"`{self.opt}.loss_scale` at line {node.lineno}: bfloat16 has no loss scale")
             fc.replace(node, f"{scaler}.get_scale()")
         for node in inners:
             fc.replace(node, self.opt_at[id(node.value)])

@@ -3,14 +3,14 @@ mapped), autocast for an inference seed, ``model.half()`` for O3, ``amp.init``."
 from __future__ import annotations
 
 import ast
-from typing import List, Set
+from typing import List, Optional, Set
 
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, assigned_in, guards, read, stmt_of, terminates,
 )
-from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, scaler_call
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
@@ -21,11 +21,12 @@ class SetInside(Refuse):
     above the guard (it can stay where the seed is, with a disabled one made before the guard)."""
 
 
-def option_reads(call: ast.Call) -> Set[str]:
-    """The names the scaler's options read: what must exist where the scaler is made."""
+def option_reads(call: ast.Call, bf16: bool = False) -> Set[str]:
+    """The names the scaler's options read: what must exist where the scaler is made (with
+    bfloat16, only what says whether AMP is on)."""
     out: Set[str] = set()
     for k, v in kwargs(call).items():
-        if k not in ("models", "optimizers"):
+        if k not in ("models", "optimizers") and not (bf16 and k not in ("opt_level", "enabled")):
             out |= read(v)
     return out
 
@@ -173,25 +174,33 @@ class SeedRewrites:
         m = s.module
         code = m.src.code
         fc = self.fc(m)
+        if pure and self.bf16:
+            raise Refuse("opt_level O3 is pure float16: with --dtype bfloat16 convert the model by hand "
+                         "(model.to(torch.bfloat16))")
         if pure:
             self.pure = True
             self._pure_fp16(s)
             return
+        if self.bf16:
+            self.notes -= {n for n in notes if "loss scale" in n or "loss_scale" in n}
+            if "loss_scale" in kwargs(s.call if getattr(s, "exported_from", None) is None else s.exported_from[0].call):
+                self.notes.add("bfloat16 needs no loss scaling: apex's loss_scale has no counterpart")
         if getattr(s, "exported_from", None) is not None:
             at, cond = self._hoist(s, enabled, set())
             target = self._scaler_target(s)
             col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
             args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
-            made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+            made = self._made(target, args, cond, col)
             self.enabled[s.idx] = cond
-            fc.insert_after(s.stmt, [made])
+            if made:
+                fc.insert_after(s.stmt, [made])
             if target.startswith("self."):
                 self._default_in_init(s)
             return
         target = self._scaler_target(s)
         lazy_ok = target.startswith("self.")
         try:
-            at, cond = self._hoist(s, enabled, option_reads(s.call), lazy_ok)
+            at, cond = self._hoist(s, enabled, option_reads(s.call, self.bf16), lazy_ok)
         except SetInside:
             self._in_place_with_default(s, target, enabled, scaler_args)
             return
@@ -207,10 +216,13 @@ class SeedRewrites:
                 self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
         args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
         col = m.src.char_col(at.lineno, at.col_offset)
-        made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+        made = self._made(target, args, cond, col)
         after = self._reassign(s)
-        if at is s.stmt:
-            fc.replace_statement(s.stmt, [made, *after])
+        if at is s.stmt or not made:
+            if made or after:
+                fc.replace_statement(s.stmt, [*([made] if made else []), *after])
+            else:
+                fc.remove(s.stmt)
         else:
             fc.insert_before(at, [made])
             if after:
@@ -234,15 +246,27 @@ class SeedRewrites:
         top = gs[-1]
         args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
         col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
-        made = f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+        made = self._made(target, args, enabled, col, always=True)
         fc.replace_statement(s.stmt, [made, *self._reassign(s)])
         if target.startswith("self."):
             self.must_default.add(id(s.func.cls))
             self._default_in_init(s)
         else:
-            fc.insert_before(top, [f"{target} = {scaler_call(self.s, ['enabled=False'])}"])
-        self.enabled[s.idx] = f"{target}.is_enabled()"
+            fc.insert_before(top, [self._disabled(target)])
+        self.enabled[s.idx] = target if self.bf16 else f"{target}.is_enabled()"
         self.notes.add("the scaler's options are computed under the `if`: it is made there, a disabled one before")
+
+    def _made(self, target: str, args: List[str], cond: str, col: int, always: bool = False) -> Optional[str]:
+        """The statement that makes the scaler; with bfloat16, the flag that says whether AMP is on
+        (none where every use reads the seed's own condition)."""
+        if self.bf16:
+            if not (always or target.startswith("self.") or self.needs_flag()):
+                return None
+            return f"{target} = {cond}"
+        return f"{target} = {scaler_call(self.s, args, col, target + ' = ')}"
+
+    def _disabled(self, target: str) -> str:
+        return f"{target} = False" if self.bf16 else f"{target} = {scaler_call(self.s, ['enabled=False'])}"
 
     def _scaler_target(self, s: Seed) -> str:
         c = self.solver.solve(s.module, s.func)
@@ -268,9 +292,9 @@ class SeedRewrites:
             if isinstance(b, ast.Expr) and method_call(b.value, "__init__"):
                 first = body[i + 1] if i + 1 < len(body) else None
                 if first is None:
-                    self.fc(s.module).insert_after(b, [f"self.{self.name} = {scaler_call(self.s, ['enabled=False'])}"])
+                    self.fc(s.module).insert_after(b, [self._disabled(f"self.{self.name}")])
                     return
-        self.fc(s.module).insert_before(first, [f"self.{self.name} = {scaler_call(self.s, ['enabled=False'])}"])
+        self.fc(s.module).insert_before(first, [self._disabled(f"self.{self.name}")])
 
     def _called_from_init(self, f) -> bool:
         """Called unconditionally from its class's __init__: self.scaler always exists then."""
@@ -356,6 +380,9 @@ class SeedRewrites:
         moved = getattr(s, "exported_from", None) is not None
         enabled, notes, scaler_args, pure = self._exported_options(s) if moved else self._options(s)
         self.notes |= {n for n in notes if "loss" not in n}
+        if pure and self.bf16:
+            raise Refuse("opt_level O3 is pure float16: with --dtype bfloat16 convert the model by hand "
+                         "(model.to(torch.bfloat16))")
         if pure:
             if moved:
                 raise Refuse(f"opt_level O3 in `{s.exported_from[0].func.qualname}`: convert the model with .half() "

@@ -50,7 +50,15 @@ def scaler_call(settings, args: List[str], indent: int = 0, head: str = "") -> s
     return f"{func}(\n" + "".join(f"    {a},\n" for a in args) + ")"
 
 
-def autocast_call(settings, enabled: str = "True", dtype: str = "torch.float16") -> str:
+def bf16(settings) -> bool:
+    """``--dtype bfloat16``: autocast to bfloat16 and no GradScaler (bfloat16 has float32's range:
+    gradients do not underflow, so nothing scales the loss)."""
+    return getattr(settings, "dtype", "float16") == "bfloat16"
+
+
+def autocast_call(settings, enabled: str = "True", dtype: Optional[str] = None) -> str:
+    if dtype is None:
+        dtype = "torch.bfloat16" if bf16(settings) else "torch.float16"
     extra = "" if enabled == "True" else f", enabled={enabled}"
     if target(settings) == "torch.cuda.amp" or settings.torch_version < TORCH_AUTOCAST:
         return f"torch.cuda.amp.autocast(dtype={dtype}{extra})" if settings.torch_version >= (1, 10) \
@@ -65,6 +73,8 @@ def autocast_off(settings) -> str:
 
 
 def description(settings) -> str:
+    if bf16(settings):
+        return "torch.autocast(bfloat16), no GradScaler"
     if target(settings) == "torch.cuda.amp":
         return "torch.cuda.amp.autocast + torch.cuda.amp.GradScaler"
     return "torch.autocast + torch.amp.GradScaler"
@@ -72,6 +82,9 @@ def description(settings) -> str:
 
 def check_release(settings) -> Optional[str]:
     """Why native AMP cannot be written for this torch release (None when it can)."""
+    if bf16(settings) and settings.torch_version < TORCH_AUTOCAST:
+        return (f"torch {settings.torch_version[0]}.{settings.torch_version[1]} has no bfloat16 autocast on CUDA (it "
+                "came in 1.10): use --dtype float16, or upgrade torch first")
     if settings.torch_version < NATIVE_AMP:
         return (f"torch {settings.torch_version[0]}.{settings.torch_version[1]} has no native AMP (it came in 1.6); "
                 "upgrade torch first")

@@ -11,7 +11,7 @@ from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
-from ampfix.migration.spell import autocast_call
+from ampfix.migration.spell import autocast_call, bf16
 from ampfix.model.semantic import block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
@@ -33,7 +33,7 @@ class UseRewrites:
         if c.kind in ("local", "closure") and len(c.seeds) == 1:
             idx = next(iter(c.seeds))
             return self.enabled.get(idx, "True")
-        return f"{c.expr}.is_enabled()"
+        return c.expr if self.bf16 else f"{c.expr}.is_enabled()"
 
     def _scale_loss(self, u: Use, c: Carrier) -> None:
         call = u.call
@@ -70,9 +70,9 @@ class UseRewrites:
         body = w.body
         first = body[0]
         loss_code = code(loss)
-        scaled = f"{scaler}.scale({loss_code})" if not self.pure else loss_code
+        scaled = f"{scaler}.scale({loss_code})" if not self.noscale else loss_code
         if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
-            scaled = f"{scaler}.scale({loss_code})" if not self.pure else f"({loss_code})"
+            scaled = f"{scaler}.scale({loss_code})" if not self.noscale else f"({loss_code})"
         rest_uses = alias is not None and any(alias in read(x) for x in body[1:])
         simple = (isinstance(first, ast.Expr) and method_call(first.value, "backward")
                   and dotted(receiver(first.value)) == alias and not rest_uses)
@@ -385,14 +385,14 @@ class UseRewrites:
         unit = u.func.node if u.func is not None else u.module.tree
         backs = self.backward_sites.get(key, [])
         steps = self.steps_of.get(key, [])
-        if not self.pure and follows(st, backs, unit) and steps and not any(
+        if not self.noscale and follows(st, backs, unit) and steps and not any(
                 runs_as_often(st, stmt_of(s), unit) for s in steps):
             self._clip_at_the_step(u, c, call, steps, o, params)
             return
         fc.replace(call, params)
         # in the method that steps after another's scaled backward, a clip before the step
         before_step = key in self.step_methods and any(follows(stmt_of(x), [st], unit) for x in steps)
-        if self.pure or not (follows(st, backs, unit) or before_step):
+        if self.noscale or not (follows(st, backs, unit) or before_step):
             return
         done = getattr(self, "_unscaled", None)
         if done is None:
@@ -549,6 +549,20 @@ class UseRewrites:
         if self.pure:
             raise Refuse(f"amp.{u.kind} at line {u.line}: O3 has no loss scaler to save")
         fc = self.fc(u.module)
+        if self.bf16:
+            # bfloat16 has no loss scaler: nothing to save, nothing to restore
+            call = getattr(u.node, "_p", None)
+            if not (isinstance(call, ast.Call) and call.func is u.node):
+                raise Refuse(f"amp.{u.kind} at line {u.line} is not called: migrate it by hand")
+            if u.kind == "state_dict":
+                fc.replace(call, "{}")
+            else:
+                st = stmt_of(call)
+                if not (isinstance(st, ast.Expr) and st.value is call):
+                    raise Refuse(f"amp.load_state_dict at line {u.line} is not a statement of its own")
+                fc.remove(st)
+            self.notes.add("bfloat16 has no loss scaler: the checkpoint keeps an empty 'amp' entry, loading ignores it")
+            return
         if u.kind == "state_dict":
             fc.replace(u.node, f"{c.expr}.state_dict")
             return
@@ -566,6 +580,9 @@ class UseRewrites:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
         p = getattr(u.node, "_p", None)
+        if self.bf16:
+            raise Refuse(f"`apex.amp` is handed over as a value at line {u.line}; with bfloat16 there is no scaler to "
+                         "hand over: migrate it by hand")
         if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
             self.fc(u.module).replace(u.node, c.expr)
             return

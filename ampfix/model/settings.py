@@ -5,6 +5,8 @@ from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 TARGETS = ("torch.amp", "torch.cuda.amp")
+#: The half precision a migration writes: float16 (autocast + GradScaler) or bfloat16 (autocast alone).
+DTYPES = ("float16", "bfloat16")
 
 
 def parse_version(text: str) -> Tuple[int, int]:
@@ -25,6 +27,9 @@ class Settings:
     torch_version: Tuple[int, int] = (2, 4)
     #: Where torch_version came from ("--torch-version", "requirements.txt: torch>=1.13", "default").
     torch_version_source: str = "default"
+    #: The half precision migrations write: "float16" (a GradScaler scales the loss) or
+    #: "bfloat16" (Ampere and newer: float32's range, no loss scaling, no GradScaler).
+    dtype: str = "float16"
     #: Files larger than this (bytes) are skipped with a message.
     max_file_size: int = 10 * 1024 * 1024
 
