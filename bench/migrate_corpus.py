@@ -38,8 +38,13 @@ def ampfix(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "ampfix", *args], capture_output=True, text=True, cwd=cwd)
 
 
+#: options every check of the corpus takes (--dtype)
+EXTRA: list = []
+
+
 def check_json(path):
-    r = ampfix("check", "--select", "ALL", "--output-format", "json", "--exit-zero", "--no-respect-gitignore", str(path))
+    r = ampfix("check", "--select", "ALL", "--output-format", "json", "--exit-zero", "--no-respect-gitignore", *EXTRA,
+               str(path))
     if r.returncode not in (0, 1):
         raise RuntimeError(r.stderr)
     return json.loads(r.stdout)["diagnostics"]
@@ -61,8 +66,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--unsafe-fixes", action="store_true",
                     help="migrate with --unsafe-fixes (what a user who opts in gets)")
+    ap.add_argument("--dtype", choices=["float16", "bfloat16"], default=None,
+                    help="migrate (and check) with --dtype (bfloat16: autocast alone, no GradScaler)")
     args = ap.parse_args(argv)
     unsafe = ["--unsafe-fixes"] if args.unsafe_fixes else []
+    if args.dtype:
+        unsafe.append(f"--dtype={args.dtype}")
+        EXTRA.append(f"--dtype={args.dtype}")
     rows, files = [], []
     holdout = {e["repo"].replace("/", "+") for e in json.loads(MANIFEST.read_text())["repos"] if e.get("holdout")}
     for repo in sorted(p for p in args.corpus.iterdir() if p.is_dir()):

@@ -244,6 +244,41 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # a backward helper scales the loss; its caller steps: the caller's step is the scaler's
+            """
+            from apex import amp
+
+            def backward(loss, optimizer):
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+
+            def main(model, opt, loader):
+                model, opt = amp.initialize(model, opt, opt_level="O1")
+                for x in loader:
+                    loss = model(x)
+                    opt.zero_grad()
+                    backward(loss, opt)
+                    opt.step()
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            def backward(loss, optimizer, *, scaler):
+                scaler.scale(loss).backward()
+
+            def main(model, opt, loader):
+                scaler = torch.amp.GradScaler("cuda")
+                for x in loader:
+                    with torch.autocast("cuda", dtype=torch.float16):
+                        loss = model(x)
+                    opt.zero_grad()
+                    backward(loss, opt, scaler=scaler)
+                    scaler.step(opt)
+                    scaler.update()
+            """,
+        ),
+        Invalid(
             # the loss scale is computed under the flag, right before initialize: the scaler is
             # made there, a disabled one before the `if`, and autocast follows the scaler
             """

@@ -171,3 +171,14 @@ def test_a_plan_that_asked_the_other_parts_is_redone_when_they_change(tmp_path, 
     launcher.write_text("import torch\n\nmodel = torch.nn.Linear(2, 2)\n")
     second = check(tmp_path / "w").output
     assert "AMP106" in second and second == check("--no-cache", tmp_path / "w").output
+
+
+def test_the_cache_key_follows_the_code_not_only_the_version(monkeypatch, tmp_path):
+    """An install from a newer commit of the same version (pre-commit's `rev: main`, an editable
+    install) must not read results the older code cached."""
+    import ampfix.engine.cache as cache
+
+    a = cache.Cache(tmp_path).key("x.py", b"data")
+    assert cache.Cache(tmp_path).key("x.py", b"data") == a
+    monkeypatch.setattr(cache, "code_stamp", lambda: "another-build")
+    assert cache.Cache(tmp_path).key("x.py", b"data") != a

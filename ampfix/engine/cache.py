@@ -28,12 +28,31 @@ def default_dir() -> Path:
     return Path(base) / "ampfix"
 
 
+def code_stamp() -> str:
+    """The size and modification time of every module of the ampfix and ampfix.rules packages."""
+    import importlib.util
+
+    h = hashlib.sha256()
+    roots = {Path(__file__).resolve().parents[1]}
+    spec = importlib.util.find_spec("ampfix.rules")  # installed under ampfix/, or rules/ in a checkout
+    roots |= {Path(x) for x in (spec.submodule_search_locations or [])} if spec else set()
+    for p in sorted(f for r in roots for f in r.rglob("*.py")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
 class Cache:
     def __init__(self, folder: Optional[Path] = None) -> None:
         from ampfix.version import __version__
 
         self.folder = (folder or default_dir()) / f"v{__version__}"
-        self.version = __version__
+        # the code itself, not only its version: an install from a newer commit of the same
+        # version (pre-commit's `rev: main`, an editable install) must not read older results
+        self.version = __version__ + ":" + code_stamp()
         self.hits = 0
         self.misses = 0
 

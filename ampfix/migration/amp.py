@@ -104,6 +104,19 @@ class AmpPlanner:
         for s in seeds:  # a setup() whose seed moved to its callers goes with them
             for v in getattr(s, "moved_to", ()):
                 parent[find(v)] = find(s.idx)
+        # seeds written in one function go together: apex patched torch for the whole process, so
+        # one left behind (refused) beside one migrated would mix apex and native AMP in one run
+        first_in: Dict[tuple, int] = {}
+        for s in seeds:
+            base = getattr(s, "exported_from", None)
+            base = base[0] if base else s
+            if base.func is None:
+                continue
+            k = (base.module.path, id(base.func.node))
+            if k in first_in:
+                parent[find(s.idx)] = find(first_in[k])
+            else:
+                first_in[k] = s.idx
         by_root: Dict[int, Group] = {}
         orphans: Dict[str, Group] = {}
         for s in seeds:
@@ -355,8 +368,13 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
             else:
                 self._inference_seed(s)
         training = [s for s in training if not getattr(s, "exported", False)]
-        if training and not self.pure and not any(u.kind == "scale_loss" for u, _ in g.needs):
-            s = getattr(training[0], "exported_from", (training[0],))[0]
+        scaled_by = set()
+        for u, c in g.needs:
+            if u.kind == "scale_loss" and c is not None:
+                scaled_by |= set(c.seeds)
+        unscaled = [s for s in training if s.idx not in scaled_by]
+        if unscaled and not self.pure:
+            s = getattr(unscaled[0], "exported_from", (unscaled[0],))[0]
             raise Refuse(f"the optimizer of amp.initialize at line {s.use.line} is never used with amp.scale_loss in "
                          "the files given: its backward is unscaled; add the scaled backward by hand, or give "
                          "ampfix the files that train")

@@ -16,6 +16,16 @@ from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
 
 
+def lazy_tested(test) -> Set[str]:
+    """What a lazy guard tests for being unset: ``X is None``, ``X == None``, ``not X``."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and dotted(test.operand):
+        return {dotted(test.operand)}
+    if (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.Eq))
+            and is_const(test.comparators[0], None) and dotted(test.left)):
+        return {dotted(test.left)}
+    return set()
+
+
 class SetInside(Refuse):
     """The scaler's options read a name the seed's guard sets before it: the scaler cannot move
     above the guard (it can stay where the seed is, with a disabled one made before the guard)."""
@@ -102,7 +112,7 @@ class SeedRewrites:
                 raise Refuse(f"amp.initialize argument {k!r} has no native mapping")
         return enabled, notes, scaler_args, pure
 
-    def _hoist(self, s: Seed, enabled: str, reads: Set[str], lazy_ok: bool = False):
+    def _hoist(self, s: Seed, enabled: str, reads: Set[str], lazy_ok: bool = False, in_place: bool = False):
         """Where the scaler (or nothing) replaces the seed: (statement to put it before, enabled).
 
         The seed's ``if`` guards (no ``else`` needed) fold into ``enabled``; a guard whose ``else``
@@ -127,7 +137,7 @@ class SeedRewrites:
             raise Refuse(f"line {stmt.lineno} runs inside {kind} (line {a.lineno}): the scaler must exist wherever "
                          f"the step runs; make it once, before, by hand")
         for i, gd in enumerate(gs):
-            if assigned_in(gd.body, skip=stmt) & read(gd.test):
+            if assigned_in(gd.body, skip=stmt) & lazy_tested(gd.test):
                 if not lazy_ok:
                     raise Refuse(f"line {stmt.lineno} runs once, under the `if` at line {gd.lineno} that tests what "
                                  "it sets: the scaler must exist wherever the step runs; make it once, before, "
@@ -140,7 +150,8 @@ class SeedRewrites:
         for gd in folded:
             reads |= read(gd.test)
         # a name the enabled expression reads, set before the seed inside what the scaler moves out of
-        if top is not stmt:
+        # (nothing moves where the scaler is made in place, after a call that returns what apex set up)
+        if top is not stmt and not in_place:
             for a in [stmt, *ancestors_stmts(stmt, unit)]:
                 if a is top:
                     break
@@ -186,7 +197,7 @@ class SeedRewrites:
             if "loss_scale" in kwargs(s.call if getattr(s, "exported_from", None) is None else s.exported_from[0].call):
                 self.notes.add("bfloat16 needs no loss scaling: apex's loss_scale has no counterpart")
         if getattr(s, "exported_from", None) is not None:
-            at, cond = self._hoist(s, enabled, set())
+            at, cond = self._hoist(s, enabled, set(), in_place=True)
             target = self._scaler_target(s)
             col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
             args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
@@ -391,7 +402,7 @@ class SeedRewrites:
             self._pure_fp16(s)
             return
         fc = self.fc(s.module)
-        at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call))
+        at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call), in_place=moved)
         if not moved:
             after = self._reassign(s)
             if after:

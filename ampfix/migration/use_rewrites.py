@@ -159,19 +159,39 @@ class UseRewrites:
         for cs in sites:
             a = cs.argument(param)
             call_stmt = stmt_of(cs.node)
-            if a is None or not isinstance(a, (ast.Name, ast.Attribute)):
+            if a is None or not isinstance(a, (ast.Name, ast.Attribute, ast.Subscript)) or (
+                    isinstance(a, ast.Subscript) and not isinstance(a.value, (ast.Name, ast.Attribute))):
                 raise Refuse(f"`{func.qualname}` at {cs.module.path} line {cs.node.lineno} gets the loss as an "
                              "expression: compute it first, or wrap the forward in autocast by hand")
             cunit = cs.caller.node if cs.caller else cs.module.tree
             if self._under_autocast(call_stmt):
                 continue
             r, still = forward_region(call_stmt, a, cunit, [s.stmt for s in self.g.seeds if s.module is cs.module])
+            if r is None and self._in_planned_region(call_stmt, a, cunit):
+                continue  # computed before a loop, by a forward pass an earlier call's region covers
             if r is None:
                 raise Refuse(f"the loss passed to `{func.qualname}` at {cs.module.path} line {cs.node.lineno} is not "
                              "computed before it")
             cc = self.solver.solve(cs.module, cs.caller)
             hdr = autocast_call(self.s, self._autocast_enabled(cs.module, cs.caller, cc) if cc else "True")
             self._add_region(cs.module, r.block, r.first, r.last, hdr)
+
+    def _in_planned_region(self, stmt, loss, unit) -> bool:
+        """Whether the statement that last assigns ``loss`` (before ``stmt``, in a block around it)
+        lies in a region already planned."""
+        name = dotted(loss.value if isinstance(loss, ast.Subscript) else loss)
+        cur = stmt
+        while cur is not None and cur is not unit:
+            owner, field, block = block_of(cur)
+            i = next((k for k, x in enumerate(block) if x is cur), None)
+            if i is None:
+                return False
+            for j in range(i - 1, -1, -1):
+                if name in assigned(block[j]):
+                    ranges = self.regions.get(id(block), (None, None, []))[2]
+                    return any(a <= j <= b for a, b, _ in ranges)
+            cur = owner if isinstance(owner, ast.stmt) else None
+        return False
 
     @staticmethod
     def _only_rescales(region, loss, func) -> bool:
@@ -288,6 +308,52 @@ class UseRewrites:
                 self.notes.add("the gradients are read before the step (a clip, a norm): scaler.unscale_ right after "
                                "the backward, as apex unscaled them there")
 
+    def _steps_in_callers(self, u: Use, c: Carrier, names: Set[str], why: str) -> None:
+        """``def backward(loss, optimizer): with amp.scale_loss(loss, optimizer) ...`` called as
+        ``backward(loss, opt); opt.step()``: the caller's step, after the call, is the scaler's (the
+        caller has the scaler: it hands it to the helper).  Every call must be followed by its step,
+        with no other backward between them."""
+        func = u.func
+        sites = self.p.callers(func)
+        if not sites or self.p.references(func):
+            raise Refuse(f"{why}, and not all its callers can be followed: migrate the step by hand")
+        plan = []
+        for cs in sites:
+            cunit = cs.caller.node if cs.caller else cs.module.tree
+            call_st = stmt_of(cs.node)
+            cc = self.solver.solve(cs.module, cs.caller)
+            if cc is None:
+                raise Refuse(f"{why}, and `{cs.caller.qualname if cs.caller else 'module level'}` has no scaler")
+            for n in names:
+                a = cs.argument(n)
+                o = dotted(a) if a is not None else None
+                if o is None:
+                    raise Refuse(f"{why}, and the optimizer passed at {cs.module.path} line {cs.node.lineno} is not a "
+                                 "name: migrate the step by hand")
+                steps = [x for x in walk(cunit) if method_call(x, "step") and not x.args and not x.keywords
+                         and dotted(receiver(x)) == o and follows(stmt_of(x), [call_st], cunit)]
+                if not steps:
+                    raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
+                                 "step by hand")
+                others = [x for x in walk(cunit) if method_call(x, "backward") and x is not cs.node]
+                if others:
+                    raise Refuse(f"{why}, and `{cs.module.src.code(others[0])}` at {cs.module.path} line "
+                                 f"{others[0].lineno} is another backward before a step: migrate the step by hand")
+                plan.append((cs, cc, o, steps))
+        done = set()
+        for cs, cc, o, steps in plan:
+            fc = self.fc(cs.module)
+            for x in steps:
+                if id(x) in done:
+                    continue
+                done.add(id(x))
+                st = stmt_of(x)
+                if not (isinstance(st, ast.Expr) and st.value is x):
+                    raise Refuse(f"`{cs.module.src.code(x)}` at line {x.lineno} is not a statement of its own")
+                fc.replace(x, f"{cc.expr}.step({o})")
+                fc.insert_after(st, [f"{cc.expr}.update()"])
+        self.notes.add(f"the optimizer steps where `{func.qualname}` is called: the scaler steps it there")
+
     @staticmethod
     def _reads_gradients(stmt, module) -> bool:
         for n in [stmt, *walk(stmt)]:
@@ -323,6 +389,9 @@ class UseRewrites:
         func = u.func
         why = (f"the step of `{', '.join(sorted(names))}` after the scaled backward at line {u.line} is not in "
                f"`{func.qualname if func else 'module level'}`")
+        if func is not None and c.kind == "param" and all(n in func.positional or n in func.kwonly for n in names):
+            self._steps_in_callers(u, c, names, why)
+            return
         if func is None or func.cls is None or not func.is_method or not c.expr.startswith("self.") or not all(
                 n.startswith("self.") for n in names):
             raise Refuse(f"{why}: migrate the step by hand")
