@@ -244,6 +244,42 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # a trainer with no __init__ of its own: the disabled scaler is a class attribute
+            """
+            from apex import amp
+
+            class AmpTrainer(BaseTrainer):
+                def setup(self):
+                    if self.cfg.fp16:
+                        self.model, self.optimizer = amp.initialize(self.model, self.optimizer)
+
+                def step(self, x):
+                    loss = self.model(x)
+                    with amp.scale_loss(loss, self.optimizer) as scaled:
+                        scaled.backward()
+                    self.optimizer.step()
+            """,
+            count=2,
+            expected="""
+            import torch
+
+            class AmpTrainer(BaseTrainer):
+                scaler = torch.amp.GradScaler("cuda", enabled=False)
+
+                def setup(self):
+                    self.scaler = torch.amp.GradScaler("cuda", enabled=bool(self.cfg.fp16))
+
+                def step(self, x):
+                    with torch.autocast(
+                        "cuda", dtype=torch.float16, enabled=self.scaler.is_enabled()
+                    ):
+                        loss = self.model(x)
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+            """,
+        ),
+        Invalid(
             # a backward helper scales the loss; its caller steps: the caller's step is the scaler's
             """
             from apex import amp

@@ -76,7 +76,8 @@ def test_fixtures_cover_the_patterns():
             "ddp_syncbn_fusedadam.py", "step_hack_accum.py", "bert_finetune.py", "closure_accum_clip.py",
             "inference_only.py", "o3_tuple.py", "function_api.py", "amp_init_eval.py", "bert_fp16_optimizer.py",
             "gan_losses_first.py", "optional_imports.py", "checkpoint_resume.py", "nested_guards.py",
-            "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py"} <= set(NAMES)
+            "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py",
+            "trainer_hierarchy.py"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("ddp")])

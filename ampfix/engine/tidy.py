@@ -82,7 +82,9 @@ class Remover:
             n = getattr(n, "_p", None)
         return False
 
-    def remove(self, stmts: Sequence[ast.stmt]) -> List[Edit]:
+    def remove(self, stmts: Sequence[ast.stmt], filled: Set[tuple] = frozenset()) -> List[Edit]:
+        """Edits removing ``stmts``; ``filled`` names the blocks (``(id(owner), field)``) that
+        receive new statements: they are not empty, whatever goes from them."""
         edits: List[Edit] = []
         for s in stmts:
             self.gone[id(s)] = s
@@ -94,7 +96,8 @@ class Remover:
                 owner, field, block = block_of(s)
                 if owner is None or isinstance(owner, ast.Module) or id(owner) in self.gone:
                     continue
-                if all(id(x) in self.gone for x in block) and self._owner_goes(owner, field):
+                if (all(id(x) in self.gone for x in block) and (id(owner), field) not in filled
+                        and self._owner_goes(owner, field)):
                     self.gone[id(owner)] = owner
                     changed = True
         tops = [s for s in self.gone.values() if not self._inside_gone(s)]
@@ -114,7 +117,8 @@ class Remover:
                 # `if c: <gone> else: <kept>` -> `if not c: <kept>`
                 edits.append(self._invert(owner))
                 continue
-            if owner is not None and not isinstance(owner, ast.Module) and len(removed) == len(block):
+            if (owner is not None and not isinstance(owner, ast.Module) and len(removed) == len(block)
+                    and (id(owner), field) not in filled):
                 # an emptied block that must stay: one `pass` in place of its first statement
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]

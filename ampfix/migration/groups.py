@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ampfix.model.edits import Builder, Conflict, Edit
 from ampfix.rule import ImportSpec
 from ampfix.engine.tidy import Remover
+from ampfix.model.semantic import block_of
 
 
 class Refuse(Exception):
@@ -27,6 +28,7 @@ class FileChanges:
         self.adds: List[ImportSpec] = []
         self.removes: List[ImportSpec] = []
         self.touched: Set[int] = set()  # id of statements replaced or removed
+        self._filled: List[ast.stmt] = []  # statements something is inserted beside (their block stays)
 
     def _claim(self, node) -> None:
         if id(node) in self.touched:
@@ -42,6 +44,7 @@ class FileChanges:
         self.edits.append(self._safe(lambda: self.b.replace_statement(stmt, lines)))
 
     def insert_before(self, stmt, lines: Sequence[str]) -> None:
+        self._filled.append(stmt)
         at = self.src.starts[self.b.first_line(stmt) - 1]
         self._inserts.setdefault((at, self.b.indent(stmt)), []).extend(lines)
 
@@ -54,6 +57,8 @@ class FileChanges:
                                                    and self.src.line_text(stmt.lineno).rstrip().endswith(":")):
             raise Refuse(f"line {stmt.end_lineno} holds more than one statement after `{self.src.code(stmt)[:40]}`")
         at = self.src.line_end(stmt.end_lineno)
+        if indent is None:
+            self._filled.append(stmt)
         self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
 
     def remove(self, stmt) -> None:
@@ -82,7 +87,11 @@ class FileChanges:
             edits.append(Edit(at, at, body))
         if self.removed:
             try:
-                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed)
+                filled = set()
+                for st in self._filled:
+                    owner, field, _ = block_of(st)
+                    filled.add((id(owner), field))
+                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed, filled)
             except Conflict as exc:
                 raise Refuse(str(exc)) from None
             points = sorted(at for at, _ in self._inserts)

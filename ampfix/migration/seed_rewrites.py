@@ -294,8 +294,18 @@ class SeedRewrites:
         init = next((x for x in f.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and x.name == "__init__"), None)
         if init is None:
-            raise Refuse(f"`self.{self.name}` is made in `{f.qualname}` and the class has no __init__ to make a "
-                         "disabled one first")
+            # no __init__ of its own (a subclass, a trainer set up by a framework): a disabled one
+            # as a class attribute, which the instance's own replaces where the method makes it
+            body = [b for b in f.cls.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if not body or any(isinstance(d, (ast.Name, ast.Attribute, ast.Call)) and "dataclass" in (
+                    dotted(d.func if isinstance(d, ast.Call) else d) or "") for d in f.cls.decorator_list):
+                raise Refuse(f"`self.{self.name}` is made in `{f.qualname}` and the class has no __init__ to make a "
+                             "disabled one first")
+            blank = [""] if isinstance(body[0], (*DEFS,)) else []
+            self.fc(s.module).insert_before(body[0], [self._disabled(self.name), *blank])
+            self.notes.add(f"`{f.cls.name}` has no __init__: a disabled `{self.name}` is its class attribute, the "
+                           "instance's own replaces it where it is made")
+            return
         body = [b for b in init.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
         first = body[0] if body else init.body[0]
         # after super().__init__(...)
