@@ -42,6 +42,11 @@ def test_golden(name):
     assert not [d for d in result.diagnostics if d.code.startswith("AMP10")], result.diagnostics
     kept = comments(after)
     for c in comments(before.decode()):  # every comment of the original is still there
+        if c not in kept and "master" in c.lower():
+            # one on a line the rewrite changed, about apex's float32 master copies that are gone
+            line = next(x for x in before.decode().splitlines() if c in x)
+            assert line.strip() not in after, c
+            continue
         if c not in kept and "apex" in c.lower():
             # except one that described a removed apex import (`from apex import amp  # for fp16`)
             assert any(c in line and ("import" in line or line.strip().startswith("#"))
@@ -156,3 +161,13 @@ def test_migrated_fixture_is_no_worse_for_ruff(name):
     width = max([88, *(len(line) for line in before.read_text().splitlines())])
     b, a = _ruff_findings(before, width), _ruff_findings(FIX / "after" / name, width)
     assert all(a[c] <= b.get(c, 0) for c in a), (name, b, a)
+
+
+def test_no_rewritten_line_keeps_a_comment_about_master_copies():
+    """apex's float32 master copies are gone: a comment about them on a line the migration wrote
+    (`scaler.scale(loss).backward()  # ... copies the gradients to the master weights`) is stale."""
+    for path in sorted((FIX / "after").glob("*.py")):
+        for line in path.read_text().splitlines():
+            code, _, comment = line.partition("#")
+            if ("scaler" in code or "clip_grad" in code) and "master" in comment.lower():
+                raise AssertionError(f"{path.name}: {line.strip()}")

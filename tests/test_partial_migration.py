@@ -32,3 +32,21 @@ def test_two_initializes_in_one_function_go_together():
     amp = [d for d in res.diagnostics if d.code == "AMP101"]
     assert amp and all("never used with amp.scale_loss" in d.message for d in amp if "not rewritten" in d.message)
     assert any("line 6" in d.message for d in amp)
+
+
+def test_an_optimizer_kept_on_self_is_not_taken_for_an_evaluation_script():
+    """`self.model, self.optimizer = amp.initialize(...)`: another method may train with it, so
+    the seed is not an inference one even when nothing in this module runs a backward."""
+    code = textwrap.dedent("""\
+        from apex import amp
+
+
+        class T:
+            def setup(self, model, optimizer):
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                self.model.eval()
+                return self.model(1)
+    """)
+    res = check_source(code.encode(), "x.py", all_rules(), Settings(), fix="safe")
+    assert res.fixed in (None, code)
+    assert any(d.code == "AMP101" and "never used with amp.scale_loss" in d.message for d in res.diagnostics)

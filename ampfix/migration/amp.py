@@ -310,6 +310,17 @@ class AmpPlanner:
             return False
         opt_names = {dotted(x) for x in (s.optimizers.elts if isinstance(s.optimizers, (ast.Tuple, ast.List))
                                          else [s.optimizers])}
+        # what the call's result is bound to: plain names only (`self.optimizer` may train elsewhere)
+        if isinstance(s.stmt, ast.Assign):
+            for t in s.stmt.targets:
+                # `model, optimizer = ...`: the optimizer's place; a single target holds both
+                x = t.elts[1] if isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == 2 else t
+                for y in (x.elts if isinstance(x, (ast.Tuple, ast.List)) else [x]):
+                    if not isinstance(y, ast.Name):
+                        return False
+                    opt_names.add(y.id)
+        elif not isinstance(s.stmt, ast.Expr):
+            return False
         if not opt_names or None in opt_names or any(n.startswith("self.") or "." in n for n in opt_names):
             return False
         unit = s.func.node if s.func is not None else m.tree

@@ -581,6 +581,7 @@ class Fp16Plan(Rewriter):
                 fc.replace(call, f"{lc}.backward({', '.join(extra)})")
             else:
                 fc.replace(call, f"{scaler}.scale({self.code(loss)}).backward({', '.join(extra)})")
+            fc.drop_stale_comment(st, ("master",))
             site = self._collapse_twin(st, loss)
             sites.append(site)
             unit = self.m.function_of(call)

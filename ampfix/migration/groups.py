@@ -65,6 +65,23 @@ class FileChanges:
         self._claim(stmt)
         self.removed.append(stmt)
 
+    def drop_stale_comment(self, stmt, words: Sequence[str]) -> None:
+        """The comment at the end of ``stmt``'s last line goes when it speaks of what the rewrite
+        removed (``# ... copies the gradients to the master weights``)."""
+        from ampfix.engine.noqa import comment_of
+
+        no = stmt.end_lineno
+        line = self.src.line_text(no)
+        comment = comment_of(line, False)
+        if not comment or not any(w in comment.lower() for w in words):
+            return
+        i = line.rfind(comment)
+        if i < 0 or not line[:i].strip():
+            return
+        j = len(line[:i].rstrip())
+        start = self.src.starts[no - 1]
+        self.edits.append(Edit(start + j, start + len(line.rstrip("\r\n")), ""))
+
     def wrap(self, first, last, header: str) -> None:
         self.edits.append(self._safe(lambda: self.b.wrap(first, last, header)))
 

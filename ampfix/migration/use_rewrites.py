@@ -459,6 +459,7 @@ class UseRewrites:
             self._clip_at_the_step(u, c, call, steps, o, params)
             return
         fc.replace(call, params)
+        fc.drop_stale_comment(st, ("master",))
         # in the method that steps after another's scaled backward, a clip before the step
         before_step = key in self.step_methods and any(follows(stmt_of(x), [st], unit) for x in steps)
         if self.noscale or not (follows(st, backs, unit) or before_step):
