@@ -147,9 +147,7 @@ class ApexFp16Utils(ApexRule):
                 optimizer.zero_grad()
                 scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(
-                    (p for group in optimizer.param_groups for p in group["params"]), 5.0
-                )
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
                 scaler.step(optimizer)
                 scaler.update()
             """,

@@ -318,6 +318,7 @@ class Fp16Plan(Rewriter):
             cond = conj(as_bool(self.code(gd.test), gd.test), cond)
         args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
         inner = arg(calls[0], "init_optimizer", 0)
+        self.inner_params = self._params_of(inner)
         if inner is None:
             raise Refuse("FP16_Optimizer has no optimizer argument")
         inner_code = self.code(inner)
@@ -361,6 +362,31 @@ class Fp16Plan(Rewriter):
         if bf16(self.s):
             return [f"{self.scaler} = {cond}"] if self.callees else []
         return [f"{self.scaler} = {scaler_call(self.s, args, col, self.scaler + ' = ')}"]
+
+    def _params_of(self, inner) -> Optional[str]:
+        """``model.parameters()`` where the wrapped optimizer was built from it (inline, or assigned
+        once in the same function) and ``model`` is bound nowhere else there but by a cast or a
+        converter the migration removes: the name the code has, for a clip."""
+        built = inner
+        if isinstance(inner, ast.Name):
+            made = [n for n in walk(self.unit) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id == inner.id
+                    and isinstance(n.value, ast.Call) and not (self.m.sem.qnames(n.value) & CTORS)]
+            if len(made) != 1:
+                return None
+            built = made[0].value
+        if not (isinstance(built, ast.Call) and built.args and method_call(built.args[0], "parameters")
+                and not built.args[0].args and isinstance(receiver(built.args[0]), ast.Name)):
+            return None
+        name = receiver(built.args[0]).id
+        for n in walk(self.unit):
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets):
+                v = n.value
+                ok = isinstance(v, ast.Call) and (self._is_half(v) or self.m.sem.qnames(v) & CONVERTERS or (
+                    isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda")))
+                if n.lineno > built.lineno and not ok:
+                    return None
+        return f"{name}.parameters()"
 
     def _col(self, stmt) -> int:
         return self.m.src.char_col(stmt.lineno, stmt.col_offset)
@@ -617,7 +643,8 @@ class Fp16Plan(Rewriter):
             if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
             o = self._opt_of(call)
-            params = f'(p for group in {o}.param_groups for p in group["params"])'
+            params = (self.inner_params if o == self.opt and self.inner_params else
+                      f'(p for group in {o}.param_groups for p in group["params"])')
             rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
             fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
             if not bf16(self.s):
