@@ -297,7 +297,6 @@ class AmpPlanner:
             isinstance(opts, (ast.List, ast.Tuple)) and not opts.elts)
         if s.training and self._never_trains(s):
             s.training = False
-            s.untrained = True
 
     @staticmethod
     def _never_trains(s: Seed) -> bool:
@@ -364,6 +363,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.must_default: Set[int] = set()
         self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there
         self.step_methods: Set[object] = set()  # keys of methods that step after another's scaled backward
+        self.unscaled: List[tuple] = []  # (module, optimizer, statement) where scaler.unscale_ is already called
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:

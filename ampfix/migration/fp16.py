@@ -49,6 +49,9 @@ HALF_TYPES = {"torch.cuda.HalfTensor", "torch.HalfTensor"}
 SCHEDULE_KW = {"warmup", "t_total", "schedule", "num_warmup_steps", "num_training_steps"}
 CHECKPOINT_NOTE = ("optimizer.state_dict() is now the plain optimizer's: checkpoints that FP16_Optimizer wrote load "
                    "after `ampfix convert-checkpoint`; save scaler.state_dict() beside it")
+CHECKPOINT_NOTE_BF16 = ("optimizer.state_dict() is now the plain optimizer's: checkpoints that FP16_Optimizer wrote "
+                        "load after `ampfix convert-checkpoint`; bfloat16 needs no loss scaling: apex's loss scale "
+                        "has no counterpart")
 DEFAULTS_NOTE = ("dynamic loss scale: GradScaler starts at 2**16 and grows every 2000 steps (apex's "
                  "DynamicLossScaler: 2**32, every 1000)")
 
@@ -126,8 +129,7 @@ class Fp16Plan(Rewriter):
         self.unit = func.node if func is not None else m.tree
         scaler_args, notes, anchor = self._scaler_args(calls, stmts)
         if bf16(self.s):
-            self.notes.add(CHECKPOINT_NOTE.split("; save")[0] + "; bfloat16 needs no loss scaling: apex's loss "
-                           "scale has no counterpart")
+            self.notes.add(CHECKPOINT_NOTE_BF16)
         else:
             self.notes |= notes
             self.notes.add(CHECKPOINT_NOTE)
@@ -219,10 +221,9 @@ class Fp16Plan(Rewriter):
             self.notes.add(f"`{f.qualname}` receives the optimizer: it takes {what} too, as `{self.scaler}=`")
 
     def _scaler_name(self) -> str:
-        if bf16(self.s):
-            taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
-            return next(x for x in ("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if x not in taken)
         taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
+        if bf16(self.s):
+            return next(x for x in ("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if x not in taken)
         if self.opt.startswith("self."):
             attrs = {n.attr for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Attribute)}
             return "self." + next(x for x in ("scaler", "grad_scaler", "amp_scaler") if x not in attrs)
@@ -468,7 +469,6 @@ class Fp16Plan(Rewriter):
             target = dotted(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
             if dotted(base) in models or target in models or dotted(receiver(n)) in models:
                 self._unwrap(n)
-        # casts guarded by the fp16 flag: inputs and labels for the half model
         # casts guarded by the fp16 flag, wherever the flag is tested: the functions the model is
         # handed to made their inputs float16 for it too (evaluation among them)
         flag = self._flag()

@@ -80,7 +80,7 @@ class FileChanges:
             return
         j = len(line[:i].rstrip())
         start = self.src.starts[no - 1]
-        self.edits.append(Edit(start + j, start + len(line.rstrip("\r\n")), ""))
+        self.edits.append(Edit(start + j, start + len(line), ""))
 
     def wrap(self, first, last, header: str) -> None:
         self.edits.append(self._safe(lambda: self.b.wrap(first, last, header)))

@@ -233,9 +233,6 @@ class UseRewrites:
     def _steps(self) -> None:
         """Every ``opt.step()`` of a scaled optimizer that follows a scaled backward in its function
         becomes ``scaler.step(opt)``; one ``scaler.update()`` follows the last of them."""
-        for u, c in self.g.needs:
-            if u.kind != "scale_loss":
-                continue
         done = set()
         for u, c in self.g.needs:
             if u.kind != "scale_loss":
@@ -260,11 +257,7 @@ class UseRewrites:
                 self._steps_elsewhere(u, c, names)
                 continue
             fc = self.fc(u.module)
-            for s in converted:
-                st = stmt_of(s)
-                if not (isinstance(st, ast.Expr) and st.value is s):
-                    raise Refuse(f"`{u.module.src.code(s)}` at line {s.lineno} is not a statement of its own")
-                fc.replace(s, f"{c.expr}.step({u.module.src.code(receiver(s))})")
+            self._step_through(u.module, converted, c.expr)
             self._unscale_for_gradient_reads(u, c, unit, backs, converted)
             last = max(converted, key=lambda n: (n.lineno, n.col_offset))
             anchor = stmt_of(last)
@@ -292,17 +285,14 @@ class UseRewrites:
                 if j is None or not runs_as_often(site, stmt_of(s), unit):
                     continue
                 between = block[i + 1:j + 1]
-                if not any(self._reads_gradients(x, m) for x in between):
+                if not any(self._reads_gradients(x) for x in between):
                     continue
                 if any("master_params" in m.src.code(x) for x in between):
                     continue
                 o = m.src.code(receiver(s))
-                done = getattr(self, "_unscaled", None)
-                if done is None:
-                    done = self._unscaled = []
-                if any(mm is m and oo == o and dominates(prev, block[i + 1]) for mm, oo, prev in done):
+                if any(mm is m and oo == o and dominates(prev, block[i + 1]) for mm, oo, prev in self.unscaled):
                     continue
-                done.append((m, o, site))
+                self.unscaled.append((m, o, site))
                 fc = self.fc(m)
                 fc.insert_after(site, [f"{c.expr}.unscale_({o})"])
                 self.notes.add("the gradients are read before the step (a clip, a norm): scaler.unscale_ right after "
@@ -335,27 +325,22 @@ class UseRewrites:
                 if not steps:
                     raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
                                  "step by hand")
-                others = [x for x in walk(cunit) if method_call(x, "backward") and x is not cs.node]
-                if others:
-                    raise Refuse(f"{why}, and `{cs.module.src.code(others[0])}` at {cs.module.path} line "
-                                 f"{others[0].lineno} is another backward before a step: migrate the step by hand")
                 plan.append((cs, cc, o, steps))
+            others = [x for x in walk(cunit) if method_call(x, "backward")]
+            if others:
+                raise Refuse(f"{why}, and `{cs.module.src.code(others[0])}` at {cs.module.path} line "
+                             f"{others[0].lineno} is another backward before a step: migrate the step by hand")
         done = set()
         for cs, cc, o, steps in plan:
-            fc = self.fc(cs.module)
+            steps = [x for x in steps if id(x) not in done]
+            done |= {id(x) for x in steps}
+            self._step_through(cs.module, steps, cc.expr)
             for x in steps:
-                if id(x) in done:
-                    continue
-                done.add(id(x))
-                st = stmt_of(x)
-                if not (isinstance(st, ast.Expr) and st.value is x):
-                    raise Refuse(f"`{cs.module.src.code(x)}` at line {x.lineno} is not a statement of its own")
-                fc.replace(x, f"{cc.expr}.step({o})")
-                fc.insert_after(st, [f"{cc.expr}.update()"])
+                self.fc(cs.module).insert_after(stmt_of(x), [f"{cc.expr}.update()"])
         self.notes.add(f"the optimizer steps where `{func.qualname}` is called: the scaler steps it there")
 
     @staticmethod
-    def _reads_gradients(stmt, module) -> bool:
+    def _reads_gradients(stmt) -> bool:
         for n in [stmt, *walk(stmt)]:
             if isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.ctx, ast.Load):
                 return True
@@ -367,6 +352,15 @@ class UseRewrites:
                         method_call(a, "parameters", "named_parameters") for a in n.args):
                     return True
         return False
+
+    def _step_through(self, module, steps, scaler: str) -> None:
+        """Each ``opt.step()`` of ``steps`` (a statement of its own) becomes ``scaler.step(opt)``."""
+        fc = self.fc(module)
+        for n in steps:
+            st = stmt_of(n)
+            if not (isinstance(st, ast.Expr) and st.value is n):
+                raise Refuse(f"`{module.src.code(n)}` at line {n.lineno} is not a statement of its own")
+            fc.replace(n, f"{scaler}.step({module.src.code(receiver(n))})")
 
     def _loop_vars(self, unit, names: Set[str]) -> Set[str]:
         out = set()
@@ -422,11 +416,7 @@ class UseRewrites:
         if not found:
             raise Refuse(f"{why} nor in another method of `{func.cls.name}`: migrate the step by hand")
         for x, steps in found:
-            for n in steps:
-                st = stmt_of(n)
-                if not (isinstance(st, ast.Expr) and st.value is n):
-                    raise Refuse(f"`{m.src.code(n)}` at line {n.lineno} is not a statement of its own")
-                fc.replace(n, f"{c.expr}.step({m.src.code(receiver(n))})")
+            self._step_through(m, steps, c.expr)
             last = max(steps, key=lambda n: (n.lineno, n.col_offset))
             fc.insert_after(stmt_of(last), [f"{c.expr}.update()"])
             key = ("f", id(x))
@@ -464,12 +454,9 @@ class UseRewrites:
         before_step = key in self.step_methods and any(follows(stmt_of(x), [st], unit) for x in steps)
         if self.noscale or not (follows(st, backs, unit) or before_step):
             return
-        done = getattr(self, "_unscaled", None)
-        if done is None:
-            done = self._unscaled = []
-        if any(m is u.module and oo == o and dominates(prev, st) for m, oo, prev in done):
+        if any(m is u.module and oo == o and dominates(prev, st) for m, oo, prev in self.unscaled):
             return
-        done.append((u.module, o, st))
+        self.unscaled.append((u.module, o, st))
         fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
         self._collapse_clip(u, st)
 
