@@ -57,7 +57,7 @@ def test_a_flag_is_carried_only_where_a_function_reads_it():
 
 def test_per_micro_batch_clip_is_exact_and_safe_in_bfloat16():
     """No loss scaling means nothing to unscale: the clip of every micro-batch stays where it was
-    (what float16 can do only once per step, as an unsafe fix)."""
+    (float16 keeps it there through a helper that divides the norm by the scale)."""
     res = check_source((FIX / "before" / "bert_finetune.py").read_bytes(), "x.py", all_rules(), BF16, fix="safe")
     amp = [d for d in res.diagnostics if d.code == "AMP101"]
     assert not amp, amp

@@ -51,6 +51,26 @@ SCALER_STATE_HELPER = '''def _scaler_state(scaler, state):
 '''
 
 
+#: a clip on every micro-batch of an accumulation, while the gradients are still scaled: the
+#: norm is divided by the scale on the device (``scaler.scale`` of a one), so nothing is copied to
+#: the host; a disabled scaler scales by one, so the fp32 path clips as ``clip_grad_norm_`` does
+CLIP_SCALED_HELPER = '''def _clip_scaled_grad_norm_(scaler, parameters, max_norm, norm_type=2.0):
+    """clip_grad_norm_ of gradients that the GradScaler has not unscaled yet, without
+    copying the scale to the host."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    device = grads[0].device
+    norms = [torch.linalg.vector_norm(g, norm_type).to(device) for g in grads]
+    norm = torch.linalg.vector_norm(torch.stack(norms).float(), norm_type)
+    norm = norm / scaler.scale(torch.ones_like(norm))
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.device))
+    return norm
+'''
+
+
 def kind_of(qname: str) -> str:
     return qname[len("apex.amp."):].split(".")[0] if qname.startswith("apex.amp.") else ""
 

@@ -15,7 +15,7 @@ from ampfix.migration.spell import autocast_call, bf16
 from ampfix.model.semantic import block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
-from ampfix.migration.seeds import SCALER_STATE_HELPER, Carrier, Use
+from ampfix.migration.seeds import CLIP_SCALED_HELPER, SCALER_STATE_HELPER, Carrier, Use
 
 
 class UseRewrites:
@@ -446,7 +446,8 @@ class UseRewrites:
         steps = self.steps_of.get(key, [])
         if not self.noscale and follows(st, backs, unit) and steps and not any(
                 runs_as_often(st, stmt_of(s), unit) for s in steps):
-            self._clip_at_the_step(u, c, call, steps, o, params)
+            if not self._clip_scaled(u, c, call, params):
+                self._clip_at_the_step(u, c, call, steps, o, params)
             return
         fc.replace(call, params)
         fc.drop_stale_comment(st, ("master",))
@@ -468,10 +469,17 @@ class UseRewrites:
             return None
         st = stmt_of(clip)
         gd = getattr(st, "_p", None)
+        code = u.module.src.code
+        test = None
+        if isinstance(gd, ast.If) and gd.body == [st] and not gd.orelse:
+            # `if max_norm > 0: clip(...)` in each branch
+            test, st, gd = code(gd.test), gd, getattr(gd, "_p", None)
         if not (isinstance(gd, ast.If) and any(x is st for x in gd.body) and gd.orelse):
             return None
-        code = u.module.src.code
-        found = [x.value.args[0] for x in gd.orelse if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)
+        clips = [x for x in gd.orelse if test is None] + [
+            x.body[0] for x in gd.orelse if test is not None and isinstance(x, ast.If) and len(x.body) == 1
+            and not x.orelse and code(x.test) == test]
+        found = [x.value.args[0] for x in clips if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)
                  and dotted(x.value.func) == dotted(clip.func) and x.value.args]
         if len(found) != 1 or "master_params" in code(found[0]):
             return None
@@ -507,6 +515,36 @@ class UseRewrites:
             if n.lineno > built[0].lineno and not wraps:
                 return None
         return f"{name}.parameters()"
+
+    def _clip_scaled(self, u: Use, c: Carrier, call, params: str) -> bool:
+        """``clip_grad_norm_(amp.master_params(opt), n)`` on every micro-batch, where the optimizer
+        steps less often: apex had unscaled the gradients after each backward, native AMP unscales
+        once per step.  The clip stays where it was, on the scaled gradients, through a helper that
+        divides their norm by the scale on the device (no host copy, unlike ``n * get_scale()``):
+        the same clip of the same partial sums, and the same norm returned.  False where it does
+        not apply (another clip, options the helper lacks, a torch without ``torch.linalg.vector_norm``)."""
+        clip = getattr(call, "_p", None)
+        if not (isinstance(clip, ast.Call) and clip.args and clip.args[0] is call
+                and (dotted(clip.func) or "").split(".")[-1] in ("clip_grad_norm_", "clip_grad_norm")):
+            return False
+        if self.s.torch_version < (1, 9) or len(clip.args) > 3 or any(
+                k.arg not in ("max_norm", "norm_type") for k in clip.keywords):
+            return False
+        code = u.module.src.code
+        rest = [code(a) for a in clip.args[1:]] + [f"{k.arg}={code(k.value)}" for k in clip.keywords]
+        if not rest:
+            return False
+        fc = self.fc(u.module)
+        st = stmt_of(clip)
+        fc.replace(clip, f"_clip_scaled_grad_norm_({c.expr}, {params}, {', '.join(rest)})")
+        fc.drop_stale_comment(st, ("master",))
+        from ampfix.migration.groups import add_module_helper
+
+        add_module_helper(fc, u.module, CLIP_SCALED_HELPER, "_clip_scaled_grad_norm_")
+        self._collapse_clip(u, st)
+        self.notes.add("the clip of every micro-batch stays there: _clip_scaled_grad_norm_() clips the scaled "
+                       "gradients by the unscaled norm, the scale kept on the GPU")
+        return True
 
     def _clip_at_the_step(self, u: Use, c: Carrier, call, steps, o: str, params: str) -> None:
         """A clip of ``amp.master_params(opt)`` on every micro-batch, where the optimizer steps less
