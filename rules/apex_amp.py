@@ -486,8 +486,8 @@ class ApexAmp(ApexRule):
         ),
         Invalid(
             # the fp16 branch stays (its fp32 twin does more than clip) and imports apex in a try:
-            # its clip on every micro-batch moves to the step under the branch's own condition
-            # (an unsafe fix: clipping once per step differs from clipping each partial sum)
+            # its clip on every micro-batch stays there, on the scaled gradients, through a helper
+            # that divides their norm by the scale on the device (the same clip, no host copy)
             """
             import torch
             from apex import amp
@@ -511,22 +511,37 @@ class ApexAmp(ApexRule):
                     optimizer.zero_grad()
             """,
             count=3,
-            unsafe=True,
             expected="""
             import torch
             scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))
+
+
+            def _clip_scaled_grad_norm_(scaler, parameters, max_norm, norm_type=2.0):
+                \"\"\"clip_grad_norm_ of gradients that the GradScaler has not unscaled yet, without
+                copying the scale to the host.\"\"\"
+                grads = [p.grad for p in parameters if p.grad is not None]
+                if not grads:
+                    return torch.tensor(0.0)
+                device = grads[0].device
+                norms = [torch.linalg.vector_norm(g, norm_type).to(device) for g in grads]
+                norm = torch.linalg.vector_norm(torch.stack(norms).float(), norm_type)
+                norm = norm / scaler.scale(torch.ones_like(norm))
+                coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+                for g in grads:
+                    g.mul_(coef.to(g.device))
+                return norm
+
+
             for step, batch in enumerate(loader):
                 with torch.autocast("cuda", dtype=torch.float16, enabled=bool(fp16)):
                     loss = model(batch) / accum
                 if fp16:
                     scaler.scale(loss).backward()
+                    _clip_scaled_grad_norm_(scaler, model.parameters(), max_norm)
                 else:
                     loss.backward()
                     total_norm += torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
                 if (step + 1) % accum == 0:
-                    if fp16:
-                        scaler.unscale_(optimizer)
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
                     scaler.step(optimizer)
                     scaler.update()
                     optimizer.zero_grad()

@@ -93,13 +93,26 @@ def test_fixtures_cover_the_patterns():
             "inference_only.py", "o3_tuple.py", "function_api.py", "amp_init_eval.py", "bert_fp16_optimizer.py",
             "gan_losses_first.py", "optional_imports.py", "checkpoint_resume.py", "nested_guards.py",
             "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py",
-            "trainer_hierarchy.py"} <= set(NAMES)
+            "trainer_hierarchy.py", "amp_attribute.py"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("ddp")])
 def test_after_scripts_run(name):
     out = subprocess.run([sys.executable, str(FIX / "after" / name), "--steps", "3"], capture_output=True, text=True,
                          timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_options_read_under_the_guard_are_not_read_where_amp_is_off():
+    """`self.amp = amp; self.amp.initialize(..., opt_level=params["amp"]["opt_level"])` under
+    `if "amp" in params`: the scaler is made there (a disabled one before), so the fp32 run, where
+    `params["amp"]` does not exist, still starts; `self.amp` is gone with apex."""
+    after = (FIX / "after" / "amp_attribute.py").read_text()
+    code = after.split('"""', 2)[2]
+    assert "self.amp" not in code and "self.scaler.scale(loss).backward()" in code
+    assert after.index('self.scaler = torch.amp.GradScaler("cuda", enabled=False)') < after.index("if self.use_amp:")
+    out = subprocess.run([sys.executable, str(FIX / "after" / "amp_attribute.py"), "--steps", "2", "--fp32"],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
 
 

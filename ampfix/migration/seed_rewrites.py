@@ -215,6 +215,11 @@ class SeedRewrites:
         except SetInside:
             self._in_place_with_default(s, target, enabled, scaler_args)
             return
+        if at is not s.stmt and self._options_only_under_guard(s):
+            # `opt_level=params["amp"]["opt_level"]` under `if "amp" in params:`: read before the
+            # guard, the options would fail where AMP is off
+            self._in_place_with_default(s, target, enabled, scaler_args)
+            return
         if lazy_ok and guards(s.stmt, s.unit) and at is not guards(s.stmt, s.unit)[-1]:
             self.must_default.add(id(s.func.cls))  # made under a lazy guard: __init__ makes a disabled one
         self.enabled[s.idx] = cond
@@ -243,6 +248,13 @@ class SeedRewrites:
         if target.startswith("self."):
             self._default_in_init(s)
 
+    @staticmethod
+    def _options_only_under_guard(s: Seed) -> bool:
+        """An option of initialize that may only be read where its guard holds: an item
+        (``params["amp"]``) or a call, which can fail where AMP is off; names and attributes can not."""
+        opts = [k.value for k in s.call.keywords if k.arg in ("opt_level", "loss_scale", "enabled")]
+        return any(isinstance(n, (ast.Subscript, ast.Call)) for o in opts for n in [o, *walk(o)])
+
     def _in_place_with_default(self, s: Seed, target: str, enabled: str, scaler_args: List[str]) -> None:
         """``if amp: loss_scale = ...; initialize(..., loss_scale=loss_scale)``: the scaler is made
         where initialize was (its options are known only there), and a disabled one before the
@@ -258,8 +270,22 @@ class SeedRewrites:
         args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
         col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
         made = self._made(target, args, enabled, col, always=True)
-        fc.replace_statement(s.stmt, [made, *self._reassign(s)])
-        if target.startswith("self."):
+        first = []
+        ls = kwargs(s.call).get("loss_scale")
+        taken = {n.id for n in walk(s.unit) if isinstance(n, ast.Name)} | {
+            a.arg for a in ast.walk(s.unit.args) if isinstance(a, ast.arg)} if hasattr(s.unit, "args") else set()
+        if made and isinstance(ls, ast.Subscript) and "loss_scale" not in taken and not self.bf16:
+            # `params["amp"]["loss_scale"]` read three times in the scaler's options: once, by name
+            v = m.src.code(ls)
+            first = [f"loss_scale = {v}"]
+            args = [a.replace(v, "loss_scale") for a in args]
+            test = 'loss_scale in (None, 0, "dynamic")'
+            if "dynamic" not in taken and sum(test in a for a in args) > 1:
+                first.append(f"dynamic = {test}")
+                args = [a.replace(test, "dynamic") for a in args]
+            made = self._made(target, args, enabled, col, always=True)
+        fc.replace_statement(s.stmt, [*first, made, *self._reassign(s)])
+        if target.startswith("self.") and s.func.node.name != "__init__":
             self.must_default.add(id(s.func.cls))
             self._default_in_init(s)
         else:

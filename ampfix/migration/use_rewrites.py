@@ -479,8 +479,8 @@ class UseRewrites:
         clips = [x for x in gd.orelse if test is None] + [
             x.body[0] for x in gd.orelse if test is not None and isinstance(x, ast.If) and len(x.body) == 1
             and not x.orelse and code(x.test) == test]
-        found = [x.value.args[0] for x in clips if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)
-                 and dotted(x.value.func) == dotted(clip.func) and x.value.args]
+        found = [x.value.args[0] for x in clips if isinstance(x, (ast.Expr, ast.Assign, ast.AugAssign))
+                 and isinstance(x.value, ast.Call) and dotted(x.value.func) == dotted(clip.func) and x.value.args]
         if len(found) != 1 or "master_params" in code(found[0]):
             return None
         return code(found[0])
@@ -681,4 +681,13 @@ class UseRewrites:
         if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
             self.fc(u.module).replace(u.node, c.expr)
             return
+        if isinstance(p, ast.Assign) and p.value is u.node and len(p.targets) == 1 and u.func is not None:
+            # `self.amp = amp`: every use of `self.amp` in the class is an apex use rewritten with
+            # this one (model.apex.self_aliases), so the alias goes
+            from ampfix.model.apex import self_aliases
+
+            t = p.targets[0]
+            if isinstance(t, ast.Attribute) and (id(u.func.node), t.attr) in self_aliases(u.module.sem, u.module.tree):
+                self.fc(u.module).remove(p)
+                return
         raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")

@@ -63,6 +63,7 @@ def canonical(qname: str) -> str:
 def apex_uses(sem, tree) -> List[Tuple[ast.AST, str]]:
     """Each apex reference outside imports: (outermost Name/Attribute, canonical qualified name)."""
     out = []
+    aliases = self_aliases(sem, tree)
     for n in walk(tree, into_functions=True):
         if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(n.ctx, ast.Load):
             continue
@@ -70,9 +71,67 @@ def apex_uses(sem, tree) -> List[Tuple[ast.AST, str]]:
         if isinstance(p, ast.Attribute) and p.value is n:
             continue
         q = apex_qname(sem, n)
+        if q is None and aliases and isinstance(n, ast.Attribute):
+            q = _through_alias(n, aliases)
         if q is not None:
             out.append((n, q))
     return out
+
+
+def self_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
+    """``self.amp = amp`` (apex's amp module kept on the object, the only value ``self.amp`` is
+    ever given in its class, besides ``None``): (id of the method, ``amp``) -> (``self``, ``apex.amp``)
+    for every method of that class, so ``self.amp.scale_loss`` is ``apex.amp.scale_loss``."""
+    out: Dict[Tuple[int, str], Tuple[str, str]] = {}
+    for cls in walk(tree, into_functions=True):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = [f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.args.args]
+        given: Dict[str, List[Optional[str]]] = {}
+        for f in methods:
+            me = f.args.args[0].arg
+            for n in walk(f, into_functions=True):
+                if isinstance(n, ast.Assign):
+                    targets, value = n.targets, n.value
+                elif isinstance(n, (ast.AnnAssign, ast.AugAssign)):
+                    targets, value = [n.target], None
+                elif isinstance(n, (ast.For, ast.AsyncFor, ast.withitem)):
+                    targets, value = [n.target if isinstance(n, (ast.For, ast.AsyncFor)) else n.optional_vars], None
+                else:
+                    continue
+                flat = [e for t in targets if t is not None for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+                for t in flat:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == me:
+                        q = None
+                        if len(flat) == 1 and isinstance(value, (ast.Name, ast.Attribute)):
+                            q = apex_qname(sem, value)
+                        elif len(flat) == 1 and isinstance(value, ast.Constant) and value.value is None:
+                            q = "None"
+                        given.setdefault(t.attr, []).append(q)
+        for attr, qs in given.items():
+            if "apex.amp" in qs and all(q in ("apex.amp", "None") for q in qs):
+                for f in methods:
+                    out[(id(f), attr)] = (f.args.args[0].arg, "apex.amp")
+    return out
+
+
+def _through_alias(node: ast.Attribute, aliases) -> Optional[str]:
+    """The apex name of ``self.amp.x.y`` in a method where ``self.amp`` aliases apex.amp."""
+    chain = []
+    n = node
+    while isinstance(n, ast.Attribute):
+        chain.append(n.attr)
+        n = n.value
+    if not isinstance(n, ast.Name) or not chain:
+        return None
+    attr, rest = chain[-1], list(reversed(chain[:-1]))
+    f = getattr(node, "_p", None)
+    while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        f = getattr(f, "_p", None)
+    hit = aliases.get((id(f), attr)) if f is not None else None
+    if hit is None or hit[0] != n.id:
+        return None
+    return ".".join([hit[1], *rest])
 
 
 def apex_qname(sem, node) -> Optional[str]:
