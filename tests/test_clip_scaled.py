@@ -12,6 +12,9 @@ from ampfix.migration.seeds import CLIP_SCALED_HELPER
 NS: dict = {"torch": torch}
 exec(CLIP_SCALED_HELPER, NS)
 clip_scaled = NS["_clip_scaled_grad_norm_"]
+# what a migration writes for torch below 1.9 (no torch.linalg.vector_norm there)
+OLD: dict = {"torch": torch}
+exec(CLIP_SCALED_HELPER.replace("torch.linalg.vector_norm(", "torch.norm("), OLD)
 
 
 def batches(n=4):
@@ -24,8 +27,9 @@ def model():
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 
 
+@pytest.mark.parametrize("helper", [clip_scaled, OLD["_clip_scaled_grad_norm_"]], ids=["torch>=1.9", "torch<1.9"])
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
-def test_same_gradients_and_norms_as_clipping_unscaled_partial_sums(norm_type):
+def test_same_gradients_and_norms_as_clipping_unscaled_partial_sums(norm_type, helper):
     ref, mig = model(), model()
     mig.load_state_dict(copy.deepcopy(ref.state_dict()))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
@@ -34,7 +38,7 @@ def test_same_gradients_and_norms_as_clipping_unscaled_partial_sums(norm_type):
         torch.nn.functional.mse_loss(ref(x), y).backward()
         ref_norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5, norm_type=norm_type))
         scaler.scale(torch.nn.functional.mse_loss(mig(x), y)).backward()
-        mig_norms.append(clip_scaled(scaler, mig.parameters(), 0.5, norm_type=norm_type))
+        mig_norms.append(helper(scaler, mig.parameters(), 0.5, norm_type=norm_type))
     assert torch.allclose(torch.stack(ref_norms), torch.stack(mig_norms), rtol=1e-5)
     assert any(n > 0.5 for n in ref_norms)  # the clip did cut
     opt = torch.optim.SGD(mig.parameters(), lr=0.1)
@@ -72,3 +76,16 @@ def test_overflowed_gradients_stay_non_finite_so_the_step_is_skipped():
 
 def test_no_gradients():
     assert float(clip_scaled(torch.amp.GradScaler("cpu"), model().parameters(), 1.0)) == 0.0
+
+
+def test_old_torch_gets_torch_norm(tmp_path):
+    from ampfix.engine.check import check_source
+    from ampfix.model.settings import Settings
+    from ampfix.registry import all_rules
+    from pathlib import Path
+
+    before = (Path(__file__).resolve().parents[1] / "fixtures/apex/before/bert_finetune.py").read_bytes()
+    import dataclasses
+    old = check_source(before, "x.py", all_rules(), dataclasses.replace(Settings(), torch_version=(1, 8)), fix="safe")
+    assert "torch.norm(g, norm_type)" in old.fixed and "linalg" not in old.fixed
+    assert "torch.cuda.amp.GradScaler(" in old.fixed

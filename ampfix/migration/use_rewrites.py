@@ -522,12 +522,12 @@ class UseRewrites:
         once per step.  The clip stays where it was, on the scaled gradients, through a helper that
         divides their norm by the scale on the device (no host copy, unlike ``n * get_scale()``):
         the same clip of the same partial sums, and the same norm returned.  False where it does
-        not apply (another clip, options the helper lacks, a torch without ``torch.linalg.vector_norm``)."""
+        not apply (another clip, options the helper lacks); below torch 1.9 the helper uses ``torch.norm``."""
         clip = getattr(call, "_p", None)
         if not (isinstance(clip, ast.Call) and clip.args and clip.args[0] is call
                 and (dotted(clip.func) or "").split(".")[-1] in ("clip_grad_norm_", "clip_grad_norm")):
             return False
-        if self.s.torch_version < (1, 9) or len(clip.args) > 3 or any(
+        if len(clip.args) > 3 or any(
                 k.arg not in ("max_norm", "norm_type") for k in clip.keywords):
             return False
         code = u.module.src.code
@@ -540,7 +540,10 @@ class UseRewrites:
         fc.drop_stale_comment(st, ("master",))
         from ampfix.migration.groups import add_module_helper
 
-        add_module_helper(fc, u.module, CLIP_SCALED_HELPER, "_clip_scaled_grad_norm_")
+        helper = CLIP_SCALED_HELPER
+        if self.s.torch_version < (1, 9):  # torch.linalg.vector_norm came in 1.9
+            helper = helper.replace("torch.linalg.vector_norm(", "torch.norm(")
+        add_module_helper(fc, u.module, helper, "_clip_scaled_grad_norm_")
         self._collapse_clip(u, st)
         self.notes.add("the clip of every micro-batch stays there: _clip_scaled_grad_norm_() clips the scaled "
                        "gradients by the unscaled norm, the scale kept on the GPU")
