@@ -89,3 +89,27 @@ def test_old_torch_gets_torch_norm(tmp_path):
     old = check_source(before, "x.py", all_rules(), dataclasses.replace(Settings(), torch_version=(1, 8)), fix="safe")
     assert "torch.norm(g, norm_type)" in old.fixed and "linalg" not in old.fixed
     assert "torch.cuda.amp.GradScaler(" in old.fixed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_same_clip_and_no_host_sync():
+    """On CUDA: the same gradients as clipping the unscaled partial sums, and the helper runs
+    under torch.cuda.set_sync_debug_mode("error") (any device-to-host wait would raise)."""
+    ref, mig = model().cuda(), model().cuda()
+    mig.load_state_dict(copy.deepcopy(ref.state_dict()))
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12)
+    for x, y in batches():
+        x, y = x.cuda(), y.cuda()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        scaler.scale(torch.nn.functional.mse_loss(mig(x), y)).backward()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            clip_scaled(scaler, mig.parameters(), 0.5)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    opt = torch.optim.SGD(mig.parameters(), lr=0.1)
+    scaler.unscale_(opt)
+    for a, b in zip(ref.parameters(), mig.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
