@@ -10,7 +10,8 @@ second ``migrate`` changes anything (it must not), which self-check problems (AM
 AMP211, AMP212) appear that the original did not have, and host syncs the rewrite added
 (``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
 A migrated module is *right* when its file compiles, adds no self-check problem and no host
-sync; otherwise it is *broken*.  The summary is given for the whole corpus and for its two sides
+sync; otherwise it is *broken*.  Files where the rewrite left a GradScaler that nothing reads
+(dead code) are counted too.  The summary is given for the whole corpus and for its two sides
 (the manifest's holdout, and the rest).  Writes ``corpus.json`` and ``corpus.md``.
 """
 from __future__ import annotations
@@ -32,6 +33,31 @@ SYNCS = (".get_scale()", ".item()", ".cpu()", ".tolist()", "to_python_float(")
 AMP = ("AMP101",)
 FP16 = ("AMP102",)
 SELF = ("AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212")
+
+
+def unused_scalers(text: str) -> list:
+    """Lines where a GradScaler is bound to a name that its function (or module) never reads: dead
+    code a migration must not leave (issue 21 §3)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out = []
+    for unit in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        body = unit.body
+        loads = {n.id for st in body for n in ast.walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        for st in body:
+            for n in ast.walk(st):
+                if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                        and isinstance(n.value, ast.Call)
+                        and (ast.unparse(n.value.func).endswith("GradScaler"))
+                        and n.targets[0].id not in loads):
+                    if unit is tree or not any(isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+                                               x is not unit and n in ast.walk(x) for x in ast.walk(unit)):
+                        out.append(n.lineno)
+    return sorted(set(out))
 
 
 def ampfix(*args, cwd=None):
@@ -106,8 +132,10 @@ def main(argv=None) -> int:
             new_self = [f"{d['code']} line {d['location']['line']}: {d['message']}" for d in after_by[path]
                         if d["code"] in SELF and (d["code"], d["message"]) not in self_before]
             syncs = sum(text_after.count(s) - text_before.count(s) for s in SYNCS) if changed else 0
+            dead = [n for n in unused_scalers(text_after)] if changed and compiles else []
+            dead = dead if len(dead) > len(unused_scalers(text_before)) else []
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
-                          "new_self_check": new_self, "added_syncs": max(0, syncs)})
+                          "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead})
             ok = compiles and not new_self and syncs <= 0
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
@@ -146,6 +174,7 @@ def main(argv=None) -> int:
             "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in fls),
             "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
             "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
+            "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
         }
 
     summary = side(modules, files)

@@ -117,6 +117,49 @@ class ApexAmp(ApexRule):
             """,
         ),
         Invalid(
+            # initialize in one branch of an if/elif chain (§1.4): the scaler is made before the
+            # chain, enabled where that branch runs; the `else: raise` stays in the chain
+            """
+            import torch
+            from apex import amp
+
+
+            def train(args, model, optimizer, loader):
+                if args.mode == "fp32":
+                    pass
+                elif args.mode == "apex":
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                else:
+                    raise ValueError(args.mode)
+                for batch in loader:
+                    loss = model(batch)
+                    if args.mode == "apex":
+                        with amp.scale_loss(loss, optimizer) as scaled_loss:
+                            scaled_loss.backward()
+                    else:
+                        loss.backward()
+                    optimizer.step()
+            """,
+            count=2,
+            expected="""
+            import torch
+
+
+            def train(args, model, optimizer, loader):
+                scaler = torch.amp.GradScaler("cuda", enabled=args.mode != "fp32")
+                if args.mode == "fp32":
+                    pass
+                elif args.mode != "apex":
+                    raise ValueError(args.mode)
+                for batch in loader:
+                    with torch.autocast("cuda", dtype=torch.float16, enabled=args.mode != "fp32"):
+                        loss = model(batch)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """,
+        ),
+        Invalid(
             # initialize in main(), the step in train(): the scaler is passed to train()
             """
             from apex import amp

@@ -93,7 +93,7 @@ def test_fixtures_cover_the_patterns():
             "inference_only.py", "o3_tuple.py", "function_api.py", "amp_init_eval.py", "bert_fp16_optimizer.py",
             "gan_losses_first.py", "optional_imports.py", "checkpoint_resume.py", "nested_guards.py",
             "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py",
-            "trainer_hierarchy.py", "amp_attribute.py"} <= set(NAMES)
+            "trainer_hierarchy.py", "amp_attribute.py", "else_branch_init.py"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("ddp")])

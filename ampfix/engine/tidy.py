@@ -163,8 +163,10 @@ class Remover:
         if else_line is None or src.line_text(else_line).strip().split("#")[0].strip() != "else:":
             raise Conflict(f"line {node.lineno}: cannot find its `else:`")
         indent = self.b.indent(node)
+        # an `elif` stays one: `if a: ... elif b: <gone> else: <kept>` -> `elif not b: <kept>`
+        kw = "elif" if src.line_text(node.lineno).lstrip().startswith("elif") else "if"
         return Edit(src.starts[node.lineno - 1], src.line_end(else_line),
-                    f"{indent}if {negate(src, node.test)}:{self.b.nl}")
+                    f"{indent}{kw} {negate(src, node.test)}:{self.b.nl}")
 
     def _carry_comments(self, tops) -> List[Edit]:
         """Comments inside removed statements move above the next statement that stays (so

@@ -26,6 +26,23 @@ def lazy_tested(test) -> Set[str]:
     return set()
 
 
+def fold_conditions(module, around, folded, negated, enabled: str) -> str:
+    """``enabled`` under the ``if`` statements ``around`` a statement (innermost first): the test of
+    each guard in ``folded`` holds there, the test of each ``if`` in ``negated`` does not (the
+    statement is in its ``else``, or further down its ``elif`` chain)."""
+    from ampfix.engine.tidy import negate
+
+    cond = enabled
+    for gd in reversed([a for a in around if any(a is x for x in folded) or any(a is n for n in negated)]):
+        if cond == "False":
+            break
+        if any(gd is n for n in negated):
+            cond = conj(as_bool(negate(module.src, gd.test), ast.UnaryOp(op=ast.Not(), operand=gd.test)), cond)
+        else:
+            cond = conj(as_bool(module.src.code(gd.test), gd.test), cond)
+    return cond
+
+
 class SetInside(Refuse):
     """The scaler's options read a name the seed's guard sets before it: the scaler cannot move
     above the guard (it can stay where the seed is, with a disabled one made before the guard)."""
@@ -124,15 +141,15 @@ class SeedRewrites:
         stmt = s.stmt
         unit = s.unit
         gs = guards(stmt, unit)
+        # `if deepspeed: ... else: initialize(...)` and `elif` chains: the branch's condition is
+        # the negation of the tests before it; the scaler goes before the chain, enabled by it
+        negs: List[ast.If] = []
         for a in ancestors_stmts(stmt, unit):
             if a in gs or isinstance(a, DEFS + (ast.With, ast.AsyncWith)):
                 continue
             if isinstance(a, ast.If):  # stmt is in its else branch
-                if a.orelse and isinstance(a.orelse[0], ast.If) and len(a.orelse) == 1:
-                    raise Refuse(f"line {stmt.lineno} runs in one branch of the if/elif chain at line {a.lineno}: "
-                                 "the scaler must exist wherever the step runs; make it once, before, by hand")
-                raise Refuse(f"line {stmt.lineno} runs in the `else` of the `if` at line {a.lineno}: the scaler "
-                             "must exist wherever the step runs; make it once, before, by hand")
+                negs.append(a)
+                continue
             kind = {ast.For: "a `for` loop", ast.While: "a `while` loop"}.get(type(a), "a `try` statement")
             raise Refuse(f"line {stmt.lineno} runs inside {kind} (line {a.lineno}): the scaler must exist wherever "
                          f"the step runs; make it once, before, by hand")
@@ -144,10 +161,12 @@ class SeedRewrites:
                                  "by hand")
                 gs = gs[:i]
                 break
-        top = gs[-1] if gs else stmt
+        around = [a for a in ancestors_stmts(stmt, unit) if a in gs or any(a is n for n in negs)]
+        top = around[-1] if around else stmt
         folded = [gd for gd in gs if not terminates(gd.orelse)]
+        negated = [a for a in negs if not terminates(a.body)]
         reads = set(reads)
-        for gd in folded:
+        for gd in folded + negated:
             reads |= read(gd.test)
         # a name the enabled expression reads, set before the seed inside what the scaler moves out of
         # (nothing moves where the scaler is made in place, after a call that returns what apex set up)
@@ -161,18 +180,23 @@ class SeedRewrites:
                 if hit:
                     raise SetInside(f"line {stmt.lineno}: `{', '.join(hit)}` is set inside the `{type(top).__name__.lower()}`"
                                  f" at line {top.lineno}, before it; make the scaler by hand")
-        cond = enabled
-        for gd in reversed(folded):
-            cond = conj(as_bool(s.module.src.code(gd.test), gd.test), cond) if cond != "False" else cond
+        cond = fold_conditions(s.module, around, folded, negated, enabled)
         return top, cond
 
     def _exported_options(self, s: Seed):
         """The options of the seed a virtual seed came from, said in its caller's terms."""
         orig, cs, telts, returned = s.exported_from
         enabled, notes, scaler_args, pure = self._options(orig)
-        gs = [gd for gd in guards(orig.stmt, orig.unit) if not terminates(gd.orelse)]
-        for gd in reversed(gs):
-            enabled = conj(as_bool(orig.module.src.code(gd.test), gd.test), enabled)
+        gs = guards(orig.stmt, orig.unit)
+        around = [a for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If)]
+        negated = [a for a in around if a not in gs and not terminates(a.body)]
+        if negated:
+            # each caller would make a scaler, those that only evaluate too: not planned yet
+            raise Refuse(f"line {orig.stmt.lineno} runs in the `else` (or `elif`) of the `if` at line "
+                         f"{negated[0].lineno} in `{orig.func.qualname}`, whose callers would make the scaler: make "
+                         "it once, before, by hand")
+        folded = [gd for gd in gs if not terminates(gd.orelse)]
+        enabled = fold_conditions(orig.module, around, folded, negated, enabled)
         mapped = [substitute(x, orig, cs) for x in [enabled, *scaler_args]]
         return mapped[0], notes, mapped[1:], pure
 

@@ -111,20 +111,26 @@ class UseRewrites:
         """``if fp16: <scaled backward ...> else: <loss.backward() ...>`` becomes the scaled path
         alone when the else branch is its fp32 twin; returns the statement the backward is in now."""
         gd = getattr(w, "_p", None)
-        if not (isinstance(gd, ast.If) and gd.orelse and any(x is w for x in gd.body)):
+        if not (isinstance(gd, ast.If) and gd.orelse):
             return w
-        els = gd.orelse
+        # `if fp16: <scaled> else: <fp32>`, or mirrored: `if fp32: <fp32> else: <scaled>`
+        if any(x is w for x in gd.body):
+            scaled, twin = gd.body, gd.orelse
+        elif any(x is w for x in gd.orelse) and not (len(gd.orelse) == 1 and isinstance(gd.orelse[0], ast.If)):
+            scaled, twin = gd.orelse, gd.body
+        else:
+            return w
         if not any(isinstance(x, ast.Expr) and method_call(x.value, "backward") and
-                   u.module.src.code(receiver(x.value)) == loss_code for x in els):
+                   u.module.src.code(receiver(x.value)) == loss_code for x in twin):
             return w
-        # every else statement must be the twin of one in the body: the backward, a clip
-        body_kinds = [self._kind(x, u.module) for x in gd.body if x is not w and not self._apex_import(x, u.module)]
-        else_kinds = [self._kind(x, u.module) for x in els if not (
+        # every statement of the twin must be the twin of one in the scaled branch: the backward, a clip
+        body_kinds = [self._kind(x, u.module) for x in scaled if x is not w and not self._apex_import(x, u.module)]
+        else_kinds = [self._kind(x, u.module) for x in twin if not (
             isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
         if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
             return w
         fc = self.fc(u.module)
-        fc.unwrap(gd, gd.body)
+        fc.unwrap(gd, scaled)
         fc.touched.add(id(gd))
         return gd
 
