@@ -37,7 +37,29 @@ from ampfix.version import __version__
 DEBOUNCE = 0.15
 CONFIG_FILES = ("pyproject.toml", "ampfix.toml")
 FIX_ALL = "source.fixAll.ampfix"
-DOCS = "https://github.com/your-org/ampfix/blob/main/docs/rules.md"  # where the rules' sections live
+_DOCS: list = []
+
+
+def docs_uri() -> str:
+    """Where an editor opens a rule's documentation: the rules' reference written once, for the
+    rules this ampfix has, into its cache directory (a file: URI that works offline and never
+    names a page that does not exist)."""
+    if not _DOCS:
+        from ampfix.engine.cache import default_dir
+        from ampfix.output.report import rules_markdown
+
+        from ampfix.version import __version__
+
+        path = default_dir() / f"rules-{__version__}.md"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            text = rules_markdown()
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+            _DOCS.append(path.resolve().as_uri())
+        except OSError:
+            _DOCS.append("")
+    return _DOCS[0]
 
 
 class AmpfixServer(LanguageServer):
@@ -154,7 +176,7 @@ def lsp_diagnostic(d: Diagnostic) -> T.Diagnostic:
                       end=T.Position(line=end_line - 1, character=end_col - 1)),
         message=d.message, code=d.code, source="ampfix",
         severity=T.DiagnosticSeverity.Error if d.code in ENGINE_CODES else T.DiagnosticSeverity.Warning,
-        code_description=T.CodeDescription(href=f"{DOCS}#{d.code.lower()}"),
+        code_description=T.CodeDescription(href=f"{docs_uri()}#{d.code.lower()}") if docs_uri() else None,
         data={"fix": d.fix, "fix_description": d.fix_description})
 
 
