@@ -93,7 +93,8 @@ def test_fixtures_cover_the_patterns():
             "inference_only.py", "o3_tuple.py", "function_api.py", "amp_init_eval.py", "bert_fp16_optimizer.py",
             "gan_losses_first.py", "optional_imports.py", "checkpoint_resume.py", "nested_guards.py",
             "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py",
-            "trainer_hierarchy.py", "amp_attribute.py", "else_branch_init.py"} <= set(NAMES)
+            "trainer_hierarchy.py", "amp_attribute.py", "else_branch_init.py",
+            "gan_setup_lists.py"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("ddp")])
@@ -112,6 +113,17 @@ def test_options_read_under_the_guard_are_not_read_where_amp_is_off():
     assert "self.amp" not in code and "self.scaler.scale(loss).backward()" in code
     assert after.index('self.scaler = torch.amp.GradScaler("cuda", enabled=False)') < after.index("if self.use_amp:")
     out = subprocess.run([sys.executable, str(FIX / "after" / "amp_attribute.py"), "--steps", "2", "--fp32"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_two_initializes_of_one_setup_make_one_scaler_at_the_call():
+    """`netG, optG = initialize(...)`, `netD, opts = initialize(netD, [a] + b)` unpacked by index
+    and returned: one GradScaler after the call that receives them, handed to the helper that
+    steps whichever optimizer it is given."""
+    after = (FIX / "after" / "gan_setup_lists.py").read_text()
+    assert after.count("GradScaler(") == 1 and "loss_backward(opt, loss_D_T[s], optD_T[s], scaler=scaler)" in after
+    out = subprocess.run([sys.executable, str(FIX / "after" / "gan_setup_lists.py"), "--steps", "2", "--fp16", "0"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
 

@@ -215,6 +215,9 @@ class AmpPlanner:
             returned = returned_names(f)
             targets = [dotted(e) for e in (s.stmt.targets[0].elts if isinstance(s.stmt.targets[0], (ast.Tuple, ast.List))
                                            else [s.stmt.targets[0]])]
+            if returned:
+                targets = [(self._returned_through(f, s.stmt, t, returned) or t) if t and t not in returned else t
+                           for t in targets]
             if not returned or not all(t in returned for t in targets if t):
                 out.append(s)
                 continue
@@ -254,6 +257,32 @@ class AmpPlanner:
             out.append(s)
             out.extend(virtual)
         return out
+
+    @staticmethod
+    def _returned_through(f, stmt, name: str, returned: List[str]) -> Optional[str]:
+        """``modelD, optimizers = amp.initialize(modelD, [opt_D] + opts_T)`` then ``opt_D, opts_T =
+        optimizers[0], optimizers[1:]`` and both returned: the optimizers reach the caller under
+        returned names; the first of them stands for the list.  None where ``name`` is read any
+        other way after the seed."""
+        reads = [n for n in walk(f.node) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                 and n.lineno > stmt.end_lineno]
+        if not reads:
+            return None
+        first = None
+        for n in reads:
+            sub = getattr(n, "_p", None)
+            elt = getattr(sub, "_p", None)
+            st = getattr(elt, "_p", None)
+            if not (isinstance(sub, ast.Subscript) and sub.value is n and isinstance(elt, ast.Tuple)
+                    and isinstance(st, ast.Assign) and st.value is elt and len(st.targets) == 1
+                    and isinstance(st.targets[0], ast.Tuple) and len(st.targets[0].elts) == len(elt.elts)):
+                return None
+            i = next(j for j, e in enumerate(elt.elts) if e is sub)
+            got = dotted(st.targets[0].elts[i])
+            if got not in returned:
+                return None
+            first = first or got
+        return first
 
     def _orphan_reason(self, u: Use, solver: Solver) -> str:
         why = solver.why.get(Solver.key(u.module, u.func))
@@ -364,6 +393,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there
         self.step_methods: Set[object] = set()  # keys of methods that step after another's scaled backward
         self.unscaled: List[tuple] = []  # (module, optimizer, statement) where scaler.unscale_ is already called
+        self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:

@@ -227,6 +227,16 @@ class SeedRewrites:
             args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
             made = self._made(target, args, cond, col)
             self.enabled[s.idx] = cond
+            # two initialize calls of one setup (a generator's and a discriminator's optimizers)
+            # arrive at the same call: one scaler serves both, as apex's one loss scaler did
+            done = self.made_at
+            key = (m.path, id(s.stmt))
+            if key in done:
+                if done[key] != made:
+                    raise Refuse(f"`{s.exported_from[0].func.qualname}` initializes apex twice with different options: "
+                                 "make the scaler by hand")
+                return
+            done[key] = made
             if made:
                 fc.insert_after(s.stmt, [made])
             if target.startswith("self."):
