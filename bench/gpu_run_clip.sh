@@ -14,7 +14,7 @@ nvidia-smi -L
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 python -m pytest -q -p no:cacheprovider -m gpu tests/test_clip_scaled.py 2>&1 | tail -3
 STEPS=${STEPS:-40}
-for f in closure_accum_clip bert_finetune amp_attribute else_branch_init; do
+for f in closure_accum_clip bert_finetune amp_attribute else_branch_init gan_setup_lists; do
   echo "== verify fixtures/apex/after/$f.py"
   python -m ampfix verify --steps $STEPS --no-profile fixtures/apex/after/$f.py --json "$OUT/after_$f.json" -- --steps 200 2>&1 | tail -8
   echo "== verify --migrate fixtures/apex/before/$f.py"
