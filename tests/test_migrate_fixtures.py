@@ -128,6 +128,16 @@ def test_two_initializes_of_one_setup_make_one_scaler_at_the_call():
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def test_a_helper_goes_after_the_whole_import_head():
+    """`import sys; sys.path.insert(0, "."); import numpy` at the top: the helper the migration
+    adds comes after the last import, not between two of them."""
+    src = (FIX / "before" / "bert_finetune.py").read_text().replace(
+        "import torch\n", "import sys\n\nsys.path.insert(0, \".\")\n\nimport torch\n", 1)
+    fixed = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
+    assert fixed.index("import torch.nn as nn") < fixed.index("def _clip_scaled_grad_norm_")
+    assert fixed.index("def _clip_scaled_grad_norm_") < fixed.index("parser = argparse.ArgumentParser()")
+
+
 def test_ddp_after_script_runs_under_torchrun(tmp_path):
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
                           "--rdzv-endpoint=localhost:0", "--rdzv-backend=c10d",

@@ -136,9 +136,15 @@ def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
     body = module.tree.body
     i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
     last = None
-    while i < len(body) and (isinstance(body[i], (ast.Import, ast.ImportFrom)) or _only_imports(body[i])):
-        last = body[i]
-        i += 1
+    # after the last import of the module's head, past simple statements between imports
+    # (`sys.path.insert(0, ".")`, `logger = ...`), before the first definition or block
+    j = i
+    while j < len(body) and not isinstance(body[j], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(body[j], (ast.Import, ast.ImportFrom)) or _only_imports(body[j]):
+            last, i = body[j], j + 1
+        elif not isinstance(body[j], (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            break
+        j += 1
     lines = text.rstrip("\n").split("\n")
     if last is not None:
         src = module.src
@@ -159,8 +165,8 @@ def _only_imports(node) -> bool:
     if not isinstance(node, (ast.Try, ast.If)):
         return False
     inner = list(iter_statements([node]))[1:]
-    return bool(inner) and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Pass, ast.Raise, ast.Assign, ast.Expr))
-                               for x in inner)
+    return any(isinstance(x, (ast.Import, ast.ImportFrom)) for x in inner) and all(
+        isinstance(x, (ast.Import, ast.ImportFrom, ast.Pass, ast.Raise, ast.Assign, ast.Expr)) for x in inner)
 
 
 class Group:
