@@ -394,6 +394,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.step_methods: Set[object] = set()  # keys of methods that step after another's scaled backward
         self.unscaled: List[tuple] = []  # (module, optimizer, statement) where scaler.unscale_ is already called
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
+        self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:

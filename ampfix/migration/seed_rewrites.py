@@ -33,7 +33,8 @@ def fold_conditions(module, around, folded, negated, enabled: str) -> str:
     from ampfix.engine.tidy import negate
 
     cond = enabled
-    for gd in reversed([a for a in around if any(a is x for x in folded) or any(a is n for n in negated)]):
+    # innermost first, each test put in front: the text reads outermost first (`a and b` for `if a: if b:`)
+    for gd in [a for a in around if any(a is x for x in folded) or any(a is n for n in negated)]:
         if cond == "False":
             break
         if any(gd is n for n in negated):

@@ -697,6 +697,16 @@ class UseRewrites:
 
             t = p.targets[0]
             if isinstance(t, ast.Attribute) and (id(u.func.node), t.attr) in self_aliases(u.module.sem, u.module.tree):
-                self.fc(u.module).remove(p)
+                fc = self.fc(u.module)
+                fc.remove(p)
+                # `self.amp = None` where AMP is off goes too: nothing reads self.amp any more
+                cls = u.func.cls
+                for n in (walk(cls, into_functions=True) if cls is not None else []):
+                    if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute)
+                            and n.targets[0].attr == t.attr and isinstance(n.targets[0].value, ast.Name)
+                            and isinstance(n.value, ast.Constant) and n.value.value is None
+                            and id(n) not in self.alias_nones):
+                        self.alias_nones.add(id(n))
+                        fc.remove(n)
                 return
         raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
