@@ -21,6 +21,7 @@ ENTRIES = {
     "launcher_engine": [["tools/train_net.py", "--steps", "3"]],
     "dual_path": [["train.py", "--steps", "3", "--amp-impl", "apex"], ["train.py", "--steps", "3"]],
     "setup_returns": [["train.py", "--steps", "3"], ["embed.py"]],
+    "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
 }
 
 

@@ -450,7 +450,7 @@ def _sorted_placement(src: Source, imports, need, nl: str) -> Optional[List[Edit
 _IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
 
 
-def dead_import_guards(src: Source, model: Model, builder: Builder) -> List[Edit]:
+def dead_import_guards(src: Source, model: Model, builder: Builder, flags: Optional[Set[str]] = None) -> List[Edit]:
     """``try: <no import any more> except ImportError: ...``: the handlers can no longer run; the
     try becomes its body, when the names the handlers bind are also bound by the body (or no
     longer read)."""
@@ -459,9 +459,14 @@ def dead_import_guards(src: Source, model: Model, builder: Builder) -> List[Edit
     for t in walk(model.tree, into_functions=True):
         if not isinstance(t, ast.Try) or t.orelse or t.finalbody or not t.handlers:
             continue
-        if not all(h.type is not None and all(_name_of(x) in _IMPORT_ERRORS for x in
-                                               (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]))
-                   for h in t.handlers):
+        # a body of constant assignments cannot raise at all: any handler is dead
+        cannot_raise = all(isinstance(x, ast.Pass) or (
+            isinstance(x, ast.Assign) and isinstance(x.value, ast.Constant)
+            and all(isinstance(y, ast.Name) for y in x.targets)) for x in t.body)
+        if not cannot_raise and not all(
+                h.type is not None and all(_name_of(x) in _IMPORT_ERRORS for x in
+                                           (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]))
+                for h in t.handlers):
             continue
         if any(isinstance(n, (ast.Import, ast.ImportFrom)) or (isinstance(n, ast.Call) and "import" in (
                 _name_of(n.func) or "")) for s in t.body for n in [s, *walk(s)]):
@@ -475,6 +480,89 @@ def dead_import_guards(src: Source, model: Model, builder: Builder) -> List[Edit
             edits.append(builder.unwrap(t, t.body))
         except Conflict:
             continue
+        if flags is not None:
+            flags |= true_flags(t)
+    return edits
+
+
+def true_flags(t: ast.Try) -> Set[str]:
+    """``try: from apex import amp; HAS_AMP = True / except ImportError: HAS_AMP = False``: the
+    names the body sets to True and every handler to False (or None)."""
+    def consts(stmts, ok) -> Dict[str, bool]:
+        out = {}
+        for x in stmts:
+            if isinstance(x, ast.Assign) and len(x.targets) == 1 and isinstance(x.targets[0], ast.Name) and \
+                    isinstance(x.value, ast.Constant) and x.value.value in ok:
+                out[x.targets[0].id] = True
+        return out
+    names = set(consts(t.body, (True,)))
+    for h in t.handlers:
+        names &= set(consts(h.body, (False, None)))
+    return names
+
+
+def _truth(test, flags: Set[str]) -> Optional[bool]:
+    """The value of an ``if`` test where every name of ``flags`` is True: True, False, or None
+    when it depends on more (or has side effects that would be lost)."""
+    if isinstance(test, ast.Name) and test.id in flags:
+        return True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        v = _truth(test.operand, flags)
+        return None if v is None else not v
+    if isinstance(test, ast.BoolOp):
+        vals = [_truth(v, flags) for v in test.values]
+        # a side effect before the decisive operand would be lost
+        if isinstance(test.op, ast.And) and False in vals:
+            i = vals.index(False)
+            return False if all(pure(v) for v in test.values[:i]) else None
+        if isinstance(test.op, ast.Or) and True in vals:
+            i = vals.index(True)
+            return True if all(pure(v) for v in test.values[:i]) else None
+    return None
+
+
+def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str]) -> List[Edit]:
+    """Tests of availability flags that are constant now (``HAS_AMP = True`` once apex went):
+    ``if use_amp and not HAS_AMP: raise ...`` goes, ``if HAS_AMP: <a> else: <b>`` becomes
+    ``<a>``; ``if use_amp and HAS_AMP:`` becomes ``if use_amp:``."""
+    edits: List[Edit] = []
+    gone: List[ast.stmt] = []
+    taken: List[ast.AST] = []
+
+    def inside_taken(n) -> bool:
+        p = n
+        while p is not None:
+            if any(p is t for t in taken):
+                return True
+            p = getattr(p, "_p", None)
+        return False
+
+    for node in walk(model.tree, into_functions=True):
+        if not isinstance(node, ast.If) or inside_taken(node):
+            continue
+        if not any(isinstance(n, ast.Name) and n.id in flags for n in [node.test, *walk(node.test)]):
+            continue
+        v = _truth(node.test, flags)
+        try:
+            if v is True:
+                edits.append(builder.unwrap(node, node.body))
+            elif v is False and node.orelse and not (len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)):
+                edits.append(builder.unwrap(node, node.orelse))
+            elif v is False and not node.orelse:
+                gone.append(node)
+            elif v is None and isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And):
+                keep = [x for x in node.test.values if _truth(x, flags) is not True]
+                if len(keep) == len(node.test.values) or not keep:
+                    continue
+                edits.append(builder.replace(node.test, " and ".join(
+                    src.code(x) if not isinstance(x, ast.BoolOp) else f"({src.code(x)})" for x in keep)))
+            else:
+                continue
+        except Conflict:
+            continue
+        taken.append(node)
+    if gone:
+        edits.extend(Remover(src, model, builder).remove(gone))
     return edits
 
 
@@ -500,9 +588,18 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         src2 = Source(out.encode("utf-8"), path, text=out)
         src2.parse()
         model2 = Model(src2.tree, star_exports)
-        dead = dead_import_guards(src2, model2, Builder(src2))
+        flags: Set[str] = set()
+        dead = dead_import_guards(src2, model2, Builder(src2), flags)
         if dead:
             out = apply_edits(out, dead)
+        if flags:
+            # the flags the guard set are constant now: their tests fold
+            src3 = Source(out.encode("utf-8"), path, text=out)
+            src3.parse()
+            model3 = Model(src3.tree, star_exports)
+            folded = fold_flags(src3, model3, Builder(src3), flags)
+            if folded:
+                out = apply_edits(out, folded)
     if adds:
         if edits:
             src = Source(out.encode("utf-8"), path, text=out)

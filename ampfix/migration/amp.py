@@ -36,6 +36,7 @@ from ampfix.model.semantic import dotted, walk
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
 from ampfix.migration.use_rewrites import UseRewrites
+from ampfix.migration.switches import SwitchSeed, find_switches
 
 from ampfix.migration.rewriter import Rewriter, param_of, returned_names
 from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check
@@ -87,6 +88,7 @@ class AmpPlanner:
                 need.append((u, solver.solve(u.module, u.func)))
             elif u.kind not in ("initialize", "init"):
                 need.append((u, None))
+        seeds, solver, need = self._switched(seeds, need, solver, bad_seeds, name)
         # union the seeds that share a function
         parent = {s.idx: s.idx for s in seeds}
 
@@ -101,6 +103,9 @@ class AmpPlanner:
                 first = min(c.seeds)
                 for other in c.seeds:
                     parent[find(other)] = find(first)
+        for s in seeds:  # a setup whose initialize goes for a switched trainer's scaler goes with it
+            if getattr(s, "dropped", None):
+                parent[find(s.idx)] = find(s.dropped[0].idx)
         for s in seeds:  # a setup() whose seed moved to its callers goes with them
             for v in getattr(s, "moved_to", ()):
                 parent[find(v)] = find(s.idx)
@@ -128,7 +133,9 @@ class AmpPlanner:
                 g.needs = []
             g.seeds.append(s)
             moved = getattr(s, "exported_from", None)
-            if moved is None:
+            if isinstance(s, SwitchSeed):
+                pass  # its uses are the group's needs
+            elif moved is None:
                 g.add_use(s.module.path, s.use.node)
             else:
                 g.anchors.setdefault(s.module.path, []).append(
@@ -257,6 +264,62 @@ class AmpPlanner:
             out.append(s)
             out.extend(virtual)
         return out
+
+    def _switched(self, seeds: List[Seed], need, solver: Solver, bad: Dict[int, str], name: str):
+        """Scaled backwards that no initialize reaches, each under its trainer's own switch
+        (``if self.use_amp:``), and setups that initialize apex and hand out the optimizer with
+        no scaled backward of their own: the scaler is made where the switch is set and the
+        setups' initialize goes (see :mod:`ampfix.migration.switches`).  Returns the seeds, the
+        solver and the needs to plan with: the same ones when the pairing does not hold."""
+        same = (seeds, solver, need)
+        failing = [u for u, c in need if (c is None or not c.seeds) and u.kind in SCALER_KINDS]
+        if not failing:
+            return same
+        scaled_by: Set[int] = set()
+        for u, c in need:
+            if u.kind == "scale_loss" and c is not None:
+                scaled_by |= c.seeds
+        lone = []
+        for s in seeds:
+            if getattr(s, "exported_from", None) is not None or s.use.kind != "initialize":
+                continue
+            if s.idx in bad:
+                try:  # refused on its way to the callers, not for what it says
+                    self._read_seed(s)
+                except Refuse:
+                    return same
+            virtual = [v.idx for v in seeds if getattr(v, "exported_from", (None,))[0] is s]
+            if not s.training or s.idx in scaled_by or scaled_by & set(virtual):
+                continue
+            if not self._hands_out(s):
+                return same
+            lone.append(s)
+        if not lone:
+            return same
+        switch = find_switches(self.p, failing, max(s.idx for s in seeds) + 1)
+        if not switch:
+            return same
+        kept = [s for s in seeds if s not in lone and getattr(s, "exported_from", (None,))[0] not in lone]
+        new = Solver(self.p, [s for s in kept if s.idx not in bad] + switch, name)
+        again = [(u, new.solve(u.module, u.func) if u.kind in SCALER_KINDS else None) for u, _ in need]
+        if any(c is None or not c.seeds for u, c in again if u.kind in SCALER_KINDS):
+            return same
+        for s in lone:
+            s.dropped = switch
+            s.exported = False
+            s.moved_to = []
+            bad.pop(s.idx, None)
+        return kept + lone + switch, new, again
+
+    @staticmethod
+    def _hands_out(s: Seed) -> bool:
+        """An initialize in a setup that returns the optimizer it initialized (to a trainer)."""
+        if s.func is None or not isinstance(s.stmt, ast.Assign) or s.optimizers is None:
+            return False
+        t = s.stmt.targets[0]
+        names = [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+        opt = names[1] if len(names) > 1 else None
+        return opt is not None and opt in returned_names(s.func)
 
     @staticmethod
     def _returned_through(f, stmt, name: str, returned: List[str]) -> Optional[str]:
@@ -401,7 +464,11 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         g = self.g
         training = [s for s in g.seeds if s.training]
         for s in g.seeds:
-            if getattr(s, "exported", False):
+            if isinstance(s, SwitchSeed):
+                self._switch_seed(s)
+            elif getattr(s, "dropped", None):
+                self._dropped(s)
+            elif getattr(s, "exported", False):
                 self._exported_away(s)
             elif s.use.kind == "init":
                 self._amp_init(s)
@@ -409,7 +476,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 self._training_seed(s)
             else:
                 self._inference_seed(s)
-        training = [s for s in training if not getattr(s, "exported", False)]
+        training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)]
         scaled_by = set()
         for u, c in g.needs:
             if u.kind == "scale_loss" and c is not None:

@@ -105,7 +105,7 @@ class Solver:
         return Carrier("param", seeds, self.name, sites)
 
     def _via_init(self, module, func) -> Optional[Carrier]:
-        init = self.p._method(module, func.cls, "__init__")
+        init = self.p.method(module, func.cls, "__init__")
         if init is None or init.cls is not func.cls:
             return None
         c = self.solve(init.module, init)

@@ -73,6 +73,50 @@ class SeedRewrites:
             fc.remove(s.stmt)
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: each caller makes the GradScaler")
 
+    def _switch_seed(self, s) -> None:
+        """A trainer's own switch says when AMP is on (:mod:`ampfix.migration.switches`): its
+        scaler is made right after ``self.<switch> = ...`` in ``__init__``, with the options of the
+        setups' initialize that goes."""
+        dropped = [x for x in self.g.seeds if getattr(x, "dropped", None)]
+        args: Optional[List[str]] = None
+        level = False
+        for x in dropped:
+            enabled, notes, scaler_args, pure = self._options(x)
+            if pure:
+                raise Refuse(f"opt_level O3 at line {x.use.line} is pure float16: convert the model by hand")
+            if enabled == "False":
+                raise Refuse(f"amp.initialize at line {x.use.line} is disabled, yet `{s.switch}` scales the loss: "
+                             "migrate it by hand")
+            if args is not None and args != scaler_args:
+                raise Refuse(f"the setups that initialize apex for `{s.func.cls.name}` differ in their loss scale: "
+                             "make the scaler by hand")
+            args = scaler_args
+            self.notes |= {n for n in notes if not n.startswith("opt_level is not a literal")}
+            lv = kwargs(x.call).get("opt_level")
+            if lv is not None and string_value(lv) is None and (dotted(lv) or "").split(".")[-1] == \
+                    s.switch.split(".")[-1]:
+                level = True  # the switch is apex's opt level too: "O0" ran in float32
+        cond = f"bool({s.switch})" + (f' and {s.switch} != "O0"' if level else "")
+        target = self._scaler_target(s)
+        col = s.module.src.char_col(s.stmt.lineno, s.stmt.col_offset)
+        made = self._made(target, [*(args or []), f"enabled={cond}"], cond, col, always=True)
+        self.fc(s.module).insert_after(s.stmt, [made])
+        self.enabled[s.idx] = cond
+        self.notes.add(f"`{s.func.cls.name}` makes the GradScaler where `{s.switch}` is set, enabled by it: apex's "
+                       "scale_loss ran only where it held")
+
+    def _dropped(self, s: Seed) -> None:
+        """The initialize of a setup whose trainer makes the scaler itself: it goes."""
+        after = self._reassign(s)
+        fc = self.fc(s.module)
+        if after:
+            fc.replace_statement(s.stmt, after)
+        else:
+            fc.remove(s.stmt)
+        home = s.dropped[0]
+        self.notes.add(f"`{s.func.qualname}` no longer initializes apex: `{home.func.cls.name}` sets up native AMP "
+                       f"where `{home.switch}` is set")
+
     def _options(self, s: Seed):
         call = s.call
         kws = kwargs(call)

@@ -12,7 +12,7 @@ from ampfix.migration.flow import (
     ancestors_stmts, assigned, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
 from ampfix.migration.spell import autocast_call, bf16
-from ampfix.model.semantic import block_of, dotted, walk
+from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
 from ampfix.migration.seeds import CLIP_SCALED_HELPER, SCALER_STATE_HELPER, Carrier, Use
@@ -199,17 +199,42 @@ class UseRewrites:
             cur = owner if isinstance(owner, ast.stmt) else None
         return False
 
-    @staticmethod
-    def _only_rescales(region, loss, func) -> bool:
+    def _only_rescales(self, region, loss, func) -> bool:
         """The region only rescales the loss that came in as a parameter (``loss = loss / n``,
-        ``loss = loss.mean()``): no forward pass is there."""
+        ``loss = loss.mean()``, ``loss = self.adjust_loss(loss)`` where that method does only
+        this): no forward pass is there."""
         if not (isinstance(loss, ast.Name) and loss.id in [*func.positional, *func.kwonly]):
             return False
         for st in region.stmts:
             if loss.id not in read(st) or loss.id not in assigned(st):
                 return False
             for n in walk(st):
-                if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == loss.id):
+                if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == loss.id) \
+                        and not self._rescaler(func.module, n, loss.id):
+                    return False
+        return True
+
+    def _rescaler(self, module, call: ast.Call, name: str, depth: int = 0) -> bool:
+        """``adjust_loss(loss)``: a project function given only the loss, whose body only
+        rescales its parameter and returns it."""
+        if depth > 2 or call.keywords or len(call.args) != 1 or dotted(call.args[0]) != name:
+            return False
+        f, bound = self.p.resolve(module, call.func)
+        if f is None:
+            return False
+        params = f.positional[1:] if bound else f.positional
+        if not params:
+            return False
+        p = params[0]
+        body = [b for b in f.node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+        if not body or not (isinstance(body[-1], ast.Return) and dotted(body[-1].value) == p):
+            return False
+        for st in body[:-1]:
+            if p not in assigned(st) or any(isinstance(n, (ast.Return, *DEFS)) for n in walk(st)):
+                return False
+            for n in walk(st):
+                if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == p) \
+                        and not self._rescaler(f.module, n, p, depth + 1):
                     return False
         return True
 

@@ -369,6 +369,10 @@ class Project:
             return None, False
         return None, False
 
+    def method(self, module: Module, cls: ast.ClassDef, name: str) -> Optional[Function]:
+        """The method ``name`` of ``cls``, its own or inherited from a project base class."""
+        return self._method(module, cls, name)
+
     def _method(self, module: Module, cls: ast.ClassDef, name: str, depth: int = 0) -> Optional[Function]:
         module.index()
         for f in module.functions.values():

@@ -1,0 +1,129 @@
+"""A scaled backward under its object's own switch, with no ``amp.initialize`` on any path to it.
+
+::
+
+    class Trainer:                                  # trainer.py
+        def __init__(self, ..., use_amp=None):
+            self.use_amp = use_amp
+        def backward(self, loss):
+            if self.use_amp:
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss: ...
+
+    def build_optimizer(model, ..., use_amp=None):  # optimization.py
+        if use_amp:
+            model, optimizer = amp.initialize(model, optimizer, opt_level=use_amp)
+        return model, optimizer
+
+The caller hands the same setting to both; nothing carries a value from the initialize to the
+trainer.  apex raises in ``scale_loss`` unless ``initialize`` ran, so in every run that worked
+the switch *is* "AMP on": the GradScaler is made where the switch is set (``__init__``, enabled
+by it), every method of the class reaches it as ``self.scaler``, and the initialize of the setup
+goes: one group, planned as a whole.  Paired only when every use that needs the scaler then
+reaches one, and some initialize in the project has no scaled backward of its own (else the
+initialize is in code not given, and the trainer is left alone).
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Tuple
+
+from ampfix.migration.flow import ancestors_stmts, guards, stmt_of
+from ampfix.migration.seeds import Seed, Use
+from ampfix.model.semantic import dotted, walk
+
+
+class SwitchSeed(Seed):
+    """Where the scaler of a switched trainer is made: right after ``self.<switch> = ...`` in
+    ``__init__``; ``switch`` is what the guard of the scaled backward reads (``self.use_amp``)."""
+
+    def __init__(self, use: Use, idx: int, init, stmt: ast.stmt, switch: str) -> None:
+        super().__init__(use, idx)
+        self.module = init.module
+        self.func = init
+        self.call = None
+        self.stmt = stmt
+        self.switch = switch
+        self.training = True
+
+
+def switch_test(use: Use) -> Optional[Tuple[ast.If, str]]:
+    """The ``if self.<attr>:`` that alone guards the ``with amp.scale_loss`` of ``use`` in its
+    method: (the if, the attribute chain), or None."""
+    f = use.func
+    if f is None or not f.is_method or use.call is None:
+        return None
+    w = stmt_of(use.node)
+    if not isinstance(w, (ast.With, ast.AsyncWith)):
+        return None
+    gs = guards(w, f.node)
+    if len(gs) != 1 or any(isinstance(a, ast.If) and a is not gs[0] for a in ancestors_stmts(w, f.node)):
+        return None
+    test = gs[0].test
+    if isinstance(test, ast.Call) and dotted(test.func) == "bool" and len(test.args) == 1 and not test.keywords:
+        test = test.args[0]
+    chain = dotted(test) if isinstance(test, ast.Attribute) else None
+    self_name = f.positional[0]
+    if not chain or not chain.startswith(self_name + "."):
+        return None
+    return gs[0], chain
+
+
+def _stores(cls: ast.ClassDef, attr: str, self_name: str) -> List[ast.AST]:
+    """Every store to ``self.<attr>`` in the methods of ``cls``."""
+    out = []
+    for n in walk(cls, into_functions=True):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == attr and \
+                isinstance(n.value, ast.Name) and n.value.id == self_name:
+            out.append(n)
+    return out
+
+
+def switch_home(project, use: Use, chain: str):
+    """``self.<attr> = ...`` as a statement of its own at the top of the class's ``__init__``
+    (its own or a project base's), the only store to it in the class: (the __init__, the
+    statement), or None."""
+    f = use.func
+    attr = chain.split(".")[1]
+    init = project.method(f.module, f.cls, "__init__")
+    if init is None or not init.is_method:
+        return None
+    me = init.positional[0]
+    top = [s for s in init.node.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+           and isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr == attr
+           and isinstance(s.targets[0].value, ast.Name) and s.targets[0].value.id == me]
+    if len(top) != 1:
+        return None
+    for cls in {id(init.cls): init.cls, id(f.cls): f.cls}.values():
+        stores = _stores(cls, attr, me if cls is init.cls else f.positional[0])
+        if any(n is not top[0].targets[0] for n in stores):
+            return None
+    return init, top[0]
+
+
+def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[SwitchSeed]]:
+    """The switch seeds for the scaled backwards no initialize reaches: one per ``__init__``;
+    None unless every one of them is switched that way."""
+    scaled = [u for u in failing if u.kind == "scale_loss"]
+    if not scaled:
+        return None
+    by_init: Dict[int, SwitchSeed] = {}
+    idx = first_idx
+    for u in scaled:
+        got = switch_test(u)
+        if got is None:
+            return None
+        _, chain = got
+        home = switch_home(project, u, chain)
+        if home is None:
+            return None
+        init, stmt = home
+        known = by_init.get(id(stmt))
+        if known is not None:
+            if known.switch.split(".", 1)[1] != chain.split(".", 1)[1]:
+                return None
+            continue
+        # the switch as __init__ writes it (its own name for self)
+        switch = init.positional[0] + "." + chain.split(".", 1)[1]
+        by_init[id(stmt)] = SwitchSeed(u, idx, init, stmt, switch)
+        idx += 1
+    return list(by_init.values())
