@@ -148,3 +148,66 @@ def test_availability_flag_tests_fold_once_the_guard_goes():
     assert "if log() and not HAS_AMP:" in out
     assert "HAS_AMP = True" in out  # other modules may import it
     ast.parse(out)
+
+
+PARAM_SWITCH = """\
+    import torch
+    from apex import amp
+
+
+    def setup(model, use_amp):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if use_amp:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        return model, optimizer
+
+
+    def backpropagate(loss, optimizer, fp16):
+        if fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        return loss
+
+
+    class Runner:
+        def __init__(self, model, optimizer, params):
+            self.model = model
+            self.optimizer = optimizer
+            self.params = params
+
+        def backward(self, loss):
+            return backpropagate(loss, self.optimizer, fp16=self.params.fp16)
+
+        def train_step(self, x):
+            loss = self.model(x).sum()
+            self.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+
+    def build(params):
+        return setup(torch.nn.Linear(4, 1), params.fp16)
+
+
+    def main(params):
+        model, optimizer = build(params)
+        Runner(model, optimizer, params).train_step(torch.randn(2, 4))
+"""
+
+
+def test_switch_passed_down_from_the_object_that_sets_it():
+    """`backpropagate(loss, opt, fp16=self.params.fp16)` through a wrapper method: the switch is
+    the runner's; its scaler is passed down, the forward in the caller of the wrapper gets
+    autocast, the step after the wrapper's call goes through the scaler."""
+    res = migrate(PARAM_SWITCH)
+    out = res.fixed
+    assert out is not None, [d.message for d in res.diagnostics if d.code == "AMP101"]
+    ast.parse(out)
+    assert "amp." not in out.replace("torch.amp.", "") and "initialize" not in out
+    assert "self.scaler = torch.amp.GradScaler(\"cuda\", enabled=bool(self.params.fp16))" in out
+    assert "scaler.scale(loss).backward()" in out
+    assert "self.scaler.step(self.optimizer)" in out and "self.scaler.update()" in out
+    body = out[out.index("def train_step"):]
+    assert body.index("with torch.autocast(") < body.index("loss = self.model(x).sum()") < body.index("self.backward(")

@@ -47,10 +47,10 @@ class SwitchSeed(Seed):
 
 
 def switch_test(use: Use) -> Optional[Tuple[ast.If, str]]:
-    """The ``if self.<attr>:`` that alone guards the ``with amp.scale_loss`` of ``use`` in its
-    method: (the if, the attribute chain), or None."""
+    """The ``if self.<attr>:`` (or ``if <parameter>:``) that alone guards the ``with
+    amp.scale_loss`` of ``use`` in its function: (the if, what it tests), or None."""
     f = use.func
-    if f is None or not f.is_method or use.call is None:
+    if f is None or use.call is None:
         return None
     w = stmt_of(use.node)
     if not isinstance(w, (ast.With, ast.AsyncWith)):
@@ -61,11 +61,40 @@ def switch_test(use: Use) -> Optional[Tuple[ast.If, str]]:
     test = gs[0].test
     if isinstance(test, ast.Call) and dotted(test.func) == "bool" and len(test.args) == 1 and not test.keywords:
         test = test.args[0]
-    chain = dotted(test) if isinstance(test, ast.Attribute) else None
-    self_name = f.positional[0]
-    if not chain or not chain.startswith(self_name + "."):
+    if isinstance(test, ast.Name) and test.id in [*f.positional[1 if f.is_method else 0:], *f.kwonly]:
+        return gs[0], test.id
+    chain = dotted(test) if isinstance(test, ast.Attribute) and f.is_method else None
+    if not chain or not chain.startswith(f.positional[0] + "."):
         return None
     return gs[0], chain
+
+
+def _homes(project, func, test: str, use: Use, depth: int = 0) -> Optional[List[tuple]]:
+    """Where the switch ``test`` (``self.<attr>...`` or a parameter of ``func``) is set: a list
+    of (the __init__, its statement, the switch there), one per class; None where a caller
+    passes the switch other than from its own object (or its own parameter, followed up)."""
+    if "." in test:
+        home = switch_home(project, func, test)
+        return None if home is None else [(*home, home[0].positional[0] + "." + test.split(".", 1)[1])]
+    sites = project.callers(func)
+    if depth > 2 or not sites or project.references(func):
+        return None
+    out: List[tuple] = []
+    for cs in sites:
+        a = cs.argument(test)
+        if cs.caller is None or a is None:
+            return None
+        if isinstance(a, ast.Name) and a.id in [*cs.caller.positional, *cs.caller.kwonly]:
+            got = _homes(project, cs.caller, a.id, use, depth + 1)
+        elif isinstance(a, ast.Attribute) and cs.caller.is_method and \
+                (dotted(a) or "").startswith(cs.caller.positional[0] + "."):
+            got = _homes(project, cs.caller, dotted(a), use, depth + 1)
+        else:
+            return None
+        if got is None:
+            return None
+        out.extend(got)
+    return out
 
 
 def _stores(cls: ast.ClassDef, attr: str, self_name: str) -> List[ast.AST]:
@@ -78,11 +107,12 @@ def _stores(cls: ast.ClassDef, attr: str, self_name: str) -> List[ast.AST]:
     return out
 
 
-def switch_home(project, use: Use, chain: str):
+def switch_home(project, f, chain: str):
     """``self.<attr> = ...`` as a statement of its own at the top of the class's ``__init__``
-    (its own or a project base's), the only store to it in the class: (the __init__, the
-    statement), or None."""
-    f = use.func
+    (its own or a project base's), the only store to it in the class of the method ``f``: (the
+    __init__, the statement), or None."""
+    if not f.is_method:
+        return None
     attr = chain.split(".")[1]
     init = project.method(f.module, f.cls, "__init__")
     if init is None or not init.is_method:
@@ -112,18 +142,15 @@ def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[
         got = switch_test(u)
         if got is None:
             return None
-        _, chain = got
-        home = switch_home(project, u, chain)
-        if home is None:
+        homes = _homes(project, u.func, got[1], u)
+        if not homes:
             return None
-        init, stmt = home
-        known = by_init.get(id(stmt))
-        if known is not None:
-            if known.switch.split(".", 1)[1] != chain.split(".", 1)[1]:
-                return None
-            continue
-        # the switch as __init__ writes it (its own name for self)
-        switch = init.positional[0] + "." + chain.split(".", 1)[1]
-        by_init[id(stmt)] = SwitchSeed(u, idx, init, stmt, switch)
-        idx += 1
+        for init, stmt, switch in homes:
+            known = by_init.get(id(stmt))
+            if known is not None:
+                if known.switch != switch:
+                    return None
+                continue
+            by_init[id(stmt)] = SwitchSeed(u, idx, init, stmt, switch)
+            idx += 1
     return list(by_init.values())

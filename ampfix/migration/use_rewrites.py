@@ -158,6 +158,11 @@ class UseRewrites:
             raise Refuse(f"the loss `{u.module.src.code(loss)}` is not computed before the scaled backward at line "
                          f"{u.line}: wrap its forward pass in {header} by hand")
         param = next(iter(missing_params))
+        self._regions_in_callers(u, func, param)
+
+    def _regions_in_callers(self, u: Use, func, param: str, depth: int = 0) -> None:
+        """The loss is the parameter ``param`` of ``func``: the autocast region goes around the
+        forward pass in each caller, through callers that only pass it on (a wrapper method)."""
         sites = self.p.callers(func)
         if not sites or self.p.references(func):
             raise Refuse(f"the loss reaches line {u.line} as the parameter `{param}` of `{func.qualname}`, whose "
@@ -175,6 +180,13 @@ class UseRewrites:
             r, still = forward_region(call_stmt, a, cunit, [s.stmt for s in self.g.seeds if s.module is cs.module])
             if r is None and self._in_planned_region(call_stmt, a, cunit):
                 continue  # computed before a loop, by a forward pass an earlier call's region covers
+            if r is not None and cs.caller is not None and self._only_rescales(r, a, cs.caller):
+                r, still = None, {a.id}
+            if r is None and depth < 3 and cs.caller is not None and isinstance(a, ast.Name) and \
+                    a.id in [*cs.caller.positional, *cs.caller.kwonly] and a.id in still:
+                # `def backward(self, loss): return complex_backpropagate(loss, ...)`: one more up
+                self._regions_in_callers(u, cs.caller, a.id, depth + 1)
+                continue
             if r is None:
                 raise Refuse(f"the loss passed to `{func.qualname}` at {cs.module.path} line {cs.node.lineno} is not "
                              "computed before it")
@@ -351,16 +363,7 @@ class UseRewrites:
                 if o is None:
                     raise Refuse(f"{why}, and the optimizer passed at {cs.module.path} line {cs.node.lineno} is not a "
                                  "name: migrate the step by hand")
-                steps = [x for x in walk(cunit) if method_call(x, "step") and not x.args and not x.keywords
-                         and dotted(receiver(x)) == o and follows(stmt_of(x), [call_st], cunit)]
-                if not steps:
-                    raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
-                                 "step by hand")
-                plan.append((cs, cc, o, steps))
-            others = [x for x in walk(cunit) if method_call(x, "backward")]
-            if others:
-                raise Refuse(f"{why}, and `{cs.module.src.code(others[0])}` at {cs.module.path} line "
-                             f"{others[0].lineno} is another backward before a step: migrate the step by hand")
+                plan.extend(self._steps_after(cs, cc, o, why))
         done = set()
         for cs, cc, o, steps in plan:
             steps = [x for x in steps if id(x) not in done]
@@ -369,6 +372,42 @@ class UseRewrites:
             for x in steps:
                 self.fc(cs.module).insert_after(stmt_of(x), [f"{cc.expr}.update()"])
         self.notes.add(f"the optimizer steps where `{func.qualname}` is called: the scaler steps it there")
+
+    def _steps_after(self, cs, cc: Carrier, o: str, why: str, depth: int = 0) -> list:
+        """The steps of ``o`` after the call ``cs`` in its caller; where the caller only wraps the
+        call (``def backward(self, loss): return backpropagate(loss, self.opt, ...)``), after the
+        calls of the caller, one level up at a time."""
+        cunit = cs.caller.node if cs.caller else cs.module.tree
+        call_st = stmt_of(cs.node)
+        steps = [x for x in walk(cunit) if method_call(x, "step") and not x.args and not x.keywords
+                 and dotted(receiver(x)) == o and follows(stmt_of(x), [call_st], cunit)]
+        others = [x for x in walk(cunit) if method_call(x, "backward") and x is not cs.node]
+        if others:
+            raise Refuse(f"{why}, and `{cs.module.src.code(others[0])}` at {cs.module.path} line "
+                         f"{others[0].lineno} is another backward before a step: migrate the step by hand")
+        if steps:
+            return [(cs, cc, o, steps)]
+        f = cs.caller
+        body = [b for b in f.node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))] \
+            if f is not None else []
+        if depth >= 2 or not body or body[-1] is not call_st or self.p.references(f) or not self.p.callers(f):
+            raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
+                         "step by hand")
+        out = []
+        for up in self.p.callers(f):
+            if o.startswith("self.") and f.is_method and up.bound_self and up.caller is not None and \
+                    up.caller.cls is f.cls and dotted(up.node.func) == "self." + f.node.name:
+                o2 = o
+            elif o in [*f.positional, *f.kwonly] and up.argument(o) is not None:
+                o2 = dotted(up.argument(o))
+            else:
+                o2 = None
+            ucc = self.solver.solve(up.module, up.caller)
+            if o2 is None or ucc is None:
+                raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
+                             "step by hand")
+            out.extend(self._steps_after(up, ucc, o2, why, depth + 1))
+        return out
 
     @staticmethod
     def _reads_gradients(stmt) -> bool:
