@@ -211,3 +211,23 @@ def test_switch_passed_down_from_the_object_that_sets_it():
     assert "self.scaler.step(self.optimizer)" in out and "self.scaler.update()" in out
     body = out[out.index("def train_step"):]
     assert body.index("with torch.autocast(") < body.index("loss = self.model(x).sum()") < body.index("self.backward(")
+
+
+def test_switched_trainer_in_bfloat16_keeps_one_clip_and_a_flag():
+    """--dtype bfloat16: no scaler; the switch's flag is kept on the trainer for autocast, and the
+    fp16 clip and its fp32 twin become one statement (no scaler to unscale)."""
+    clip = textwrap.indent(textwrap.dedent("""\
+        if self.use_amp:
+            torch.nn.utils.clip_grad_norm_(amp.master_params(self.optimizer), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+    """), " " * 12)
+    code = trainer().replace("            self.optimizer.step()\n", clip)
+    res = check_source(textwrap.dedent(code).encode(), "x.py", all_rules(), Settings(dtype="bfloat16"), fix="safe")
+    out = res.fixed
+    assert out is not None and "GradScaler" not in out and "amp." not in out.replace("torch.amp.", "")
+    ast.parse(out)
+    assert 'self.amp_enabled = bool(self.use_amp) and self.use_amp != "O0"' in out
+    assert "dtype=torch.bfloat16, enabled=self.amp_enabled" in out
+    assert out.count("clip_grad_norm_(") == 1 and "        if self.use_amp:" not in out

@@ -523,7 +523,11 @@ class UseRewrites:
         fc.drop_stale_comment(st, ("master",))
         # in the method that steps after another's scaled backward, a clip before the step
         before_step = key in self.step_methods and any(follows(stmt_of(x), [st], unit) for x in steps)
-        if self.noscale or not (follows(st, backs, unit) or before_step):
+        if self.noscale:
+            # no scaler to unscale: the clip and its fp32 twin are one statement now
+            self._collapse_clip(u, st)
+            return
+        if not (follows(st, backs, unit) or before_step):
             return
         if any(m is u.module and oo == o and dominates(prev, st) for m, oo, prev in self.unscaled):
             return
