@@ -33,6 +33,13 @@ class ApexAmp(ApexRule):
       with `enabled=args.fp16`, and `if args.fp16: <scaled backward> else: loss.backward()`
       becomes the scaled backward alone: no dead apex path is left.
 
+    * A trainer that scales the loss under its own switch (`if self.use_amp:`, or the switch
+      passed down to a backward helper) while a setup elsewhere initializes apex and hands the
+      optimizer out: apex raised in `scale_loss` unless initialized, so the switch meant "AMP
+      on".  The scaler is made in `__init__` right where the switch is set, enabled by it, and
+      the setup's initialize goes.  A switch combined with another condition, or set again
+      outside `__init__`, is not trusted: the module is left whole.
+
     * `O3` (pure float16) becomes `model = model.half()` plus a forward pre-hook that casts
       floating-point inputs to float16, as apex did; the backward is plain and the fix
       description says the model is pure float16 (no master weights, no loss scaling).  O3
@@ -157,6 +164,81 @@ class ApexAmp(ApexRule):
                     scaler.scale(loss).backward()
                     scaler.step(optimizer)
                     scaler.update()
+            """,
+        ),
+        Invalid(
+            # the trainer's own switch (§1.2): scale_loss under `if self.use_amp:`, initialize in
+            # a setup that hands the optimizer out and nothing carries a value between them; apex
+            # raised in scale_loss unless initialized, so the switch meant "AMP on": the scaler is
+            # made where __init__ sets it, and the setup's initialize goes
+            """
+            import torch
+            from apex import amp
+
+
+            def build(model, use_amp):
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                if use_amp:
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                return model, optimizer
+
+
+            class Trainer:
+                def __init__(self, model, optimizer, use_amp):
+                    self.model, self.optimizer = model, optimizer
+                    self.use_amp = use_amp
+
+                def step(self, x):
+                    loss = self.model(x).sum()
+                    if self.use_amp:
+                        with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                            scaled_loss.backward()
+                    else:
+                        loss.backward()
+                    self.optimizer.step()
+
+
+            def setup(args):
+                return build(torch.nn.Linear(4, 1), args.fp16)
+
+
+            def main(args):
+                model, optimizer = setup(args)
+                Trainer(model, optimizer, args.fp16).step(torch.randn(2, 4))
+            """,
+            count=2,
+            expected="""
+            import torch
+
+
+            def build(model, use_amp):
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                return model, optimizer
+
+
+            class Trainer:
+                def __init__(self, model, optimizer, use_amp):
+                    self.model, self.optimizer = model, optimizer
+                    self.use_amp = use_amp
+                    self.scaler = torch.amp.GradScaler("cuda", enabled=bool(self.use_amp))
+
+                def step(self, x):
+                    with torch.autocast(
+                        "cuda", dtype=torch.float16, enabled=self.scaler.is_enabled()
+                    ):
+                        loss = self.model(x).sum()
+                    self.scaler.scale(loss).backward()
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+
+
+            def setup(args):
+                return build(torch.nn.Linear(4, 1), args.fp16)
+
+
+            def main(args):
+                model, optimizer = setup(args)
+                Trainer(model, optimizer, args.fp16).step(torch.randn(2, 4))
             """,
         ),
         Invalid(
