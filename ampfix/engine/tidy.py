@@ -450,10 +450,11 @@ def _sorted_placement(src: Source, imports, need, nl: str) -> Optional[List[Edit
 _IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
 
 
-def dead_import_guards(src: Source, model: Model, builder: Builder, flags: Optional[Set[str]] = None) -> List[Edit]:
+def dead_import_guards(src: Source, model: Model, builder: Builder,
+                       unwrapped: Optional[List[ast.Try]] = None) -> List[Edit]:
     """``try: <no import any more> except ImportError: ...``: the handlers can no longer run; the
     try becomes its body, when the names the handlers bind are also bound by the body (or no
-    longer read)."""
+    longer read).  The trys that go are added to ``unwrapped``."""
     edits = []
     uses = used_names(model)
     for t in walk(model.tree, into_functions=True):
@@ -480,24 +481,20 @@ def dead_import_guards(src: Source, model: Model, builder: Builder, flags: Optio
             edits.append(builder.unwrap(t, t.body))
         except Conflict:
             continue
-        if flags is not None:
-            flags |= true_flags(t)
+        if unwrapped is not None:
+            unwrapped.append(t)
     return edits
 
 
 def true_flags(t: ast.Try) -> Set[str]:
     """``try: from apex import amp; HAS_AMP = True / except ImportError: HAS_AMP = False``: the
     names the body sets to True and every handler to False (or None)."""
-    def consts(stmts, ok) -> Dict[str, bool]:
-        out = {}
-        for x in stmts:
-            if isinstance(x, ast.Assign) and len(x.targets) == 1 and isinstance(x.targets[0], ast.Name) and \
-                    isinstance(x.value, ast.Constant) and x.value.value in ok:
-                out[x.targets[0].id] = True
-        return out
-    names = set(consts(t.body, (True,)))
+    def consts(stmts, ok) -> Set[str]:
+        return {x.targets[0].id for x in stmts if isinstance(x, ast.Assign) and len(x.targets) == 1
+                and isinstance(x.targets[0], ast.Name) and isinstance(x.value, ast.Constant) and x.value.value in ok}
+    names = consts(t.body, (True,))
     for h in t.handlers:
-        names &= set(consts(h.body, (False, None)))
+        names &= consts(h.body, (False, None))
     return names
 
 
@@ -521,13 +518,14 @@ def _truth(test, flags: Set[str]) -> Optional[bool]:
     return None
 
 
-def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str]) -> List[Edit]:
+def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], taken: List[ast.AST]) -> List[Edit]:
     """Tests of availability flags that are constant now (``HAS_AMP = True`` once apex went):
     ``if use_amp and not HAS_AMP: raise ...`` goes, ``if HAS_AMP: <a> else: <b>`` becomes
-    ``<a>``; ``if use_amp and HAS_AMP:`` becomes ``if use_amp:``."""
+    ``<a>``; ``if use_amp and HAS_AMP:`` becomes ``if use_amp:``.  Nothing inside ``taken``
+    (statements other edits rewrite) is touched."""
     edits: List[Edit] = []
     gone: List[ast.stmt] = []
-    taken: List[ast.AST] = []
+    taken = list(taken)
 
     def inside_taken(n) -> bool:
         p = n
@@ -588,18 +586,14 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         src2 = Source(out.encode("utf-8"), path, text=out)
         src2.parse()
         model2 = Model(src2.tree, star_exports)
-        flags: Set[str] = set()
-        dead = dead_import_guards(src2, model2, Builder(src2), flags)
-        if dead:
-            out = apply_edits(out, dead)
-        if flags:
-            # the flags the guard set are constant now: their tests fold
-            src3 = Source(out.encode("utf-8"), path, text=out)
-            src3.parse()
-            model3 = Model(src3.tree, star_exports)
-            folded = fold_flags(src3, model3, Builder(src3), flags)
-            if folded:
-                out = apply_edits(out, folded)
+        b2 = Builder(src2)
+        unwrapped: List[ast.Try] = []
+        dead = dead_import_guards(src2, model2, b2, unwrapped)
+        # the flags those guards set are constant now: their tests fold
+        flags = set().union(*(true_flags(t) for t in unwrapped))
+        folded = fold_flags(src2, model2, b2, flags, unwrapped) if flags else []
+        if dead or folded:
+            out = apply_edits(out, dead + folded)
     if adds:
         if edits:
             src = Source(out.encode("utf-8"), path, text=out)

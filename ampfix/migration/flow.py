@@ -45,6 +45,11 @@ def statements_in(unit) -> List[ast.stmt]:
     return out
 
 
+def code_body(stmts) -> List[ast.stmt]:
+    """The statements of a block other than its docstring (and other bare constants)."""
+    return [b for b in stmts if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+
+
 def stmt_of(node) -> Optional[ast.stmt]:
     while node is not None and not isinstance(node, ast.stmt):
         node = getattr(node, "_p", None)

@@ -8,7 +8,7 @@ from typing import List, Optional, Set
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, assigned_in, guards, read, stmt_of, terminates,
+    ancestors_stmts, assigned, assigned_in, code_body, guards, read, stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
@@ -62,15 +62,19 @@ def option_reads(call: ast.Call, bf16: bool = False) -> Set[str]:
 class SeedRewrites:
     """The part of a group's plan (:class:`ampfix.migration.amp.GroupPlan`) that rewrites its seeds."""
 
-    def _exported_away(self, s: Seed) -> None:
-        """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
-        its arguments) and the function returns the model and optimizer as they are."""
+    def _initialize_goes(self, s: Seed) -> None:
+        """The initialize statement goes; its targets get its arguments where they differ."""
         after = self._reassign(s)
         fc = self.fc(s.module)
         if after:
             fc.replace_statement(s.stmt, after)
         else:
             fc.remove(s.stmt)
+
+    def _exported_away(self, s: Seed) -> None:
+        """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
+        its arguments) and the function returns the model and optimizer as they are."""
+        self._initialize_goes(s)
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: each caller makes the GradScaler")
 
     def _switch_seed(self, s) -> None:
@@ -107,12 +111,7 @@ class SeedRewrites:
 
     def _dropped(self, s: Seed) -> None:
         """The initialize of a setup whose trainer makes the scaler itself: it goes."""
-        after = self._reassign(s)
-        fc = self.fc(s.module)
-        if after:
-            fc.replace_statement(s.stmt, after)
-        else:
-            fc.remove(s.stmt)
+        self._initialize_goes(s)
         home = s.dropped[0]
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: `{home.func.cls.name}` sets up native AMP "
                        f"where `{home.switch}` is set")
@@ -401,7 +400,7 @@ class SeedRewrites:
         if init is None:
             # no __init__ of its own (a subclass, a trainer set up by a framework): a disabled one
             # as a class attribute, which the instance's own replaces where the method makes it
-            body = [b for b in f.cls.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            body = code_body(f.cls.body)
             if not body or any(isinstance(d, (ast.Name, ast.Attribute, ast.Call)) and "dataclass" in (
                     dotted(d.func if isinstance(d, ast.Call) else d) or "") for d in f.cls.decorator_list):
                 raise Refuse(f"`self.{self.name}` is made in `{f.qualname}` and the class has no __init__ to make a "
@@ -411,7 +410,7 @@ class SeedRewrites:
             self.notes.add(f"`{f.cls.name}` has no __init__: a disabled `{self.name}` is its class attribute, the "
                            "instance's own replaces it where it is made")
             return
-        body = [b for b in init.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+        body = code_body(init.body)
         first = body[0] if body else init.body[0]
         # after super().__init__(...)
         for i, b in enumerate(body):

@@ -69,7 +69,7 @@ def switch_test(use: Use) -> Optional[Tuple[ast.If, str]]:
     return gs[0], chain
 
 
-def _homes(project, func, test: str, use: Use, depth: int = 0) -> Optional[List[tuple]]:
+def _homes(project, func, test: str, depth: int = 0) -> Optional[List[tuple]]:
     """Where the switch ``test`` (``self.<attr>...`` or a parameter of ``func``) is set: a list
     of (the __init__, its statement, the switch there), one per class; None where a caller
     passes the switch other than from its own object (or its own parameter, followed up)."""
@@ -85,10 +85,10 @@ def _homes(project, func, test: str, use: Use, depth: int = 0) -> Optional[List[
         if cs.caller is None or a is None:
             return None
         if isinstance(a, ast.Name) and a.id in [*cs.caller.positional, *cs.caller.kwonly]:
-            got = _homes(project, cs.caller, a.id, use, depth + 1)
+            got = _homes(project, cs.caller, a.id, depth + 1)
         elif isinstance(a, ast.Attribute) and cs.caller.is_method and \
                 (dotted(a) or "").startswith(cs.caller.positional[0] + "."):
-            got = _homes(project, cs.caller, dotted(a), use, depth + 1)
+            got = _homes(project, cs.caller, dotted(a), depth + 1)
         else:
             return None
         if got is None:
@@ -142,7 +142,7 @@ def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[
         got = switch_test(u)
         if got is None:
             return None
-        homes = _homes(project, u.func, got[1], u)
+        homes = _homes(project, u.func, got[1])
         if not homes:
             return None
         for init, stmt, switch in homes:

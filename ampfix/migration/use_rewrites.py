@@ -9,7 +9,7 @@ from typing import Optional, Set
 from ampfix.model.analysis import arg, kwargs, method_call, receiver
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
+    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
 from ampfix.migration.spell import autocast_call, bf16
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
@@ -217,14 +217,13 @@ class UseRewrites:
         this): no forward pass is there."""
         if not (isinstance(loss, ast.Name) and loss.id in [*func.positional, *func.kwonly]):
             return False
-        for st in region.stmts:
-            if loss.id not in read(st) or loss.id not in assigned(st):
-                return False
-            for n in walk(st):
-                if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == loss.id) \
-                        and not self._rescaler(func.module, n, loss.id):
-                    return False
-        return True
+        return all(loss.id in read(st) and loss.id in assigned(st) and self._calls_rescale(func.module, st, loss.id)
+                   for st in region.stmts)
+
+    def _calls_rescale(self, module, st, name: str, depth: int = 0) -> bool:
+        """Every call in ``st`` is a method of ``name`` (``loss.mean()``) or a rescaler of it."""
+        return all(not isinstance(n, ast.Call) or (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == name)
+                   or self._rescaler(module, n, name, depth) for n in walk(st))
 
     def _rescaler(self, module, call: ast.Call, name: str, depth: int = 0) -> bool:
         """``adjust_loss(loss)``: a project function given only the loss, whose body only
@@ -238,17 +237,11 @@ class UseRewrites:
         if not params:
             return False
         p = params[0]
-        body = [b for b in f.node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+        body = code_body(f.node.body)
         if not body or not (isinstance(body[-1], ast.Return) and dotted(body[-1].value) == p):
             return False
-        for st in body[:-1]:
-            if p not in assigned(st) or any(isinstance(n, (ast.Return, *DEFS)) for n in walk(st)):
-                return False
-            for n in walk(st):
-                if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) and dotted(n.func.value) == p) \
-                        and not self._rescaler(f.module, n, p, depth + 1):
-                    return False
-        return True
+        return all(p in assigned(st) and not any(isinstance(n, (ast.Return, *DEFS)) for n in walk(st))
+                   and self._calls_rescale(f.module, st, p, depth + 1) for st in body[:-1])
 
     def _models(self, module, func) -> Set[str]:
         """Names that hold an initialized model where a region is planned (a region starts at
@@ -388,11 +381,10 @@ class UseRewrites:
         if steps:
             return [(cs, cc, o, steps)]
         f = cs.caller
-        body = [b for b in f.node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))] \
-            if f is not None else []
+        body = code_body(f.node.body) if f is not None else []
+        lost = Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the step by hand")
         if depth >= 2 or not body or body[-1] is not call_st or self.p.references(f) or not self.p.callers(f):
-            raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
-                         "step by hand")
+            raise lost
         out = []
         for up in self.p.callers(f):
             if o.startswith("self.") and f.is_method and up.bound_self and up.caller is not None and \
@@ -404,8 +396,7 @@ class UseRewrites:
                 o2 = None
             ucc = self.solver.solve(up.module, up.caller)
             if o2 is None or ucc is None:
-                raise Refuse(f"{why} nor after the call at {cs.module.path} line {cs.node.lineno}: migrate the "
-                             "step by hand")
+                raise lost
             out.extend(self._steps_after(up, ucc, o2, why, depth + 1))
         return out
 
