@@ -78,6 +78,19 @@ class ScalerUnused(Rule):
                     self._scaler.update()
             """
         ),
+        Valid(
+            # a framework's hook: its runner computed the loss (under the framework's autocast)
+            """
+            import torch
+            class OptimizerHook:
+                def __init__(self, use_fp16=False):
+                    self.scaler = torch.amp.GradScaler("cuda", enabled=use_fp16)
+                def after_train_iter(self, runner):
+                    self.scaler.scale(runner.outputs["loss"]).backward()
+                    self.scaler.step(runner.optimizer)
+                    self.scaler.update()
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -142,13 +155,17 @@ class ScalerUnused(Rule):
 
 
 def _scales_a_parameter(ref) -> bool:
-    """``scaler.scale(loss)`` where ``loss`` is a parameter of the function it is in."""
+    """``scaler.scale(loss)`` where ``loss`` is a parameter of the function it is in, or is held
+    by one (``runner.outputs["loss"]`` in a hook that a framework calls with its runner)."""
     attr = getattr(ref, "_p", None)
     call = getattr(attr, "_p", None)
     if not (isinstance(attr, ast.Attribute) and attr.attr == "scale" and isinstance(call, ast.Call) and call.args):
         return False
     func = enclosing_function(call)
-    if func is None or not isinstance(call.args[0], ast.Name):
+    root = call.args[0]
+    while isinstance(root, (ast.Attribute, ast.Subscript)):
+        root = root.value
+    if func is None or not isinstance(root, ast.Name) or root.id in ("self", "cls"):
         return False
     a = func.args
-    return call.args[0].id in {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+    return root.id in {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}

@@ -22,6 +22,7 @@ ENTRIES = {
     "dual_path": [["train.py", "--steps", "3", "--amp-impl", "apex"], ["train.py", "--steps", "3"]],
     "setup_returns": [["train.py", "--steps", "3"], ["embed.py"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
+    "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
 }
 
 

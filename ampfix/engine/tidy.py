@@ -64,6 +64,14 @@ def names_bound(stmts: Iterable[ast.stmt]) -> Set[str]:
     return out
 
 
+def speaks_of_apex(text: str) -> bool:
+    """A comment that names apex or its ``amp`` (``# save amp state dict``)."""
+    import re
+
+    low = text.lower()
+    return "apex" in low or re.search(r"\bamp\b", low) is not None
+
+
 class Remover:
     """Plans the removal of statements of one module, cascading to blocks left empty."""
 
@@ -82,9 +90,11 @@ class Remover:
             n = getattr(n, "_p", None)
         return False
 
-    def remove(self, stmts: Sequence[ast.stmt], filled: Set[tuple] = frozenset()) -> List[Edit]:
+    def remove(self, stmts: Sequence[ast.stmt], filled: Set[tuple] = frozenset(),
+               described: Set[int] = frozenset()) -> List[Edit]:
         """Edits removing ``stmts``; ``filled`` names the blocks (``(id(owner), field)``) that
-        receive new statements: they are not empty, whatever goes from them."""
+        receive new statements: they are not empty, whatever goes from them.  ``described``: ids
+        of apex statements whose comment lines right above, when they speak of apex, go with them."""
         edits: List[Edit] = []
         for s in stmts:
             self.gone[id(s)] = s
@@ -123,12 +133,19 @@ class Remover:
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]
             for s in removed:
-                edits.append(self.b.remove_statement(s, self._apex_comment_above(s) if self._import_like(s) else None))
+                above = None
+                if self._import_like(s):
+                    above = self._apex_comment_above(s)
+                elif id(s) in described:
+                    above = self._apex_comment_above(s, under_code=True)
+                edits.append(self.b.remove_statement(s, above))
         return edits
 
-    def _apex_comment_above(self, s) -> Optional[int]:
+    def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:
         """The first of the comment lines right above a removed apex import when they speak of
-        apex (``# use apex for mixed precision``): they described what went, and go with it."""
+        apex (``# use apex for mixed precision``): they described what went, and go with it.
+        ``under_code``: also where code comes right before them (above an apex statement, not an
+        import, a comment speaks of what follows it)."""
         src = self.src
         no = self.b.first_line(s) - 1
         first = None
@@ -140,8 +157,8 @@ class Remover:
         block = " ".join(src.line_text(n) for n in range(first, self.b.first_line(s)))
         before = src.line_text(no).rstrip() if no >= 1 else ""
         # right under the code before it, a comment may speak of that code: not when it is an import
-        if "apex" not in block.lower() or (before.strip() and not before.endswith(":")
-                                           and not before.lstrip().startswith(("import ", "from "))):
+        if not speaks_of_apex(block) or (not under_code and before.strip() and not before.endswith(":")
+                                          and not before.lstrip().startswith(("import ", "from "))):
             return None
         return first
 

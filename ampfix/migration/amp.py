@@ -36,7 +36,7 @@ from ampfix.model.semantic import dotted, walk
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
 from ampfix.migration.use_rewrites import UseRewrites
-from ampfix.migration.switches import SwitchSeed, find_switches
+from ampfix.migration.switches import SwitchSeed, built_by_configuration, find_switches, handed_to_framework
 
 from ampfix.migration.rewriter import Rewriter, param_of, returned_names
 from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check
@@ -104,8 +104,8 @@ class AmpPlanner:
                 for other in c.seeds:
                     parent[find(other)] = find(first)
         for s in seeds:  # a setup whose initialize goes for a switched trainer's scaler goes with it
-            if getattr(s, "dropped", None):
-                parent[find(s.idx)] = find(s.dropped[0].idx)
+            for home in getattr(s, "dropped", None) or ():
+                parent[find(home.idx)] = find(s.idx)
         for s in seeds:  # a setup() whose seed moved to its callers goes with them
             for v in getattr(s, "moved_to", ()):
                 parent[find(v)] = find(s.idx)
@@ -291,7 +291,7 @@ class AmpPlanner:
             virtual = [v.idx for v in seeds if getattr(v, "exported_from", (None,))[0] is s]
             if not s.training or s.idx in scaled_by or scaled_by & set(virtual):
                 continue
-            if not self._hands_out(s):
+            if not self._hands_out(s) and not handed_to_framework(self.p, s):
                 return same
             lone.append(s)
         if not lone:
@@ -302,10 +302,31 @@ class AmpPlanner:
         kept = [s for s in seeds if s not in lone and getattr(s, "exported_from", (None,))[0] not in lone]
         new = Solver(self.p, [s for s in kept if s.idx not in bad] + switch, name)
         again = [(u, new.solve(u.module, u.func) if u.kind in SCALER_KINDS else None) for u, _ in need]
-        if any(c is None or not c.seeds for u, c in again if u.kind in SCALER_KINDS):
-            return same
+        left = [i for i, (u, c) in enumerate(again) if u.kind in SCALER_KINDS and (c is None or not c.seeds)]
+        if left:
+            # the scaler lives in objects a registry builds from the configuration: a checkpoint
+            # helper or a runner that saved apex's state cannot reach it.  Its state is dropped
+            # there (a resumed run starts from the initial scale and finds its own again), and
+            # only there: every other use must reach the scaler.
+            if any(again[i][0].kind not in ("state_dict", "load_state_dict") for i in left) or \
+                    not built_by_configuration(self.p, switch) or \
+                    any(s.training and s.idx not in bad for s in kept):
+                return same
+            for i in left:
+                u = again[i][0]
+                best = max(_shared_prefix(sw.module.path, u.module.path) for sw in switch)
+                homes = {sw.idx for sw in switch if _shared_prefix(sw.module.path, u.module.path) == best}
+                again[i] = (u, Carrier("dropped", homes, ""))
+        # each setup goes with the trainers nearest it in the folders (a monorepo's copies of one
+        # project pair up among themselves); a trainer no setup is nearest to goes with all of them
+        near = {}
         for s in lone:
-            s.dropped = switch
+            best = max(_shared_prefix(sw.module.path, s.module.path) for sw in switch)
+            near[s.idx] = [sw for sw in switch if _shared_prefix(sw.module.path, s.module.path) == best]
+        if any(not any(sw in near[s.idx] for s in lone) for sw in switch):
+            near = {s.idx: list(switch) for s in lone}
+        for s in lone:
+            s.dropped = near[s.idx]
             s.exported = False
             s.moved_to = []
             bad.pop(s.idx, None)
@@ -529,3 +550,13 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 fc = self.fc(m)
                 fc.adds.append(ImportSpec("torch"))
                 fc.removes.extend(apex_import_specs(m))
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    """How many leading folders two paths share."""
+    n = 0
+    for x, y in zip(a.split("/")[:-1], b.split("/")[:-1]):
+        if x != y:
+            break
+        n += 1
+    return n

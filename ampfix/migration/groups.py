@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ampfix.model.edits import Builder, Conflict, Edit
 from ampfix.rule import ImportSpec
-from ampfix.engine.tidy import Remover
+from ampfix.engine.tidy import Remover, speaks_of_apex
 from ampfix.model.semantic import block_of
 
 
@@ -29,6 +29,7 @@ class FileChanges:
         self.removes: List[ImportSpec] = []
         self.touched: Set[int] = set()  # id of statements replaced or removed
         self._filled: List[ast.stmt] = []  # statements something is inserted beside (their block stays)
+        self.described: Set[int] = set()  # ids of removed statements whose apex comment above goes too
 
     def _claim(self, node) -> None:
         if id(node) in self.touched:
@@ -61,9 +62,25 @@ class FileChanges:
             self._filled.append(stmt)
         self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
 
-    def remove(self, stmt) -> None:
+    def remove(self, stmt, described: bool = False) -> None:
+        """``described``: comment lines right above that speak of apex go with the statement."""
         self._claim(stmt)
         self.removed.append(stmt)
+        if described:
+            self.described.add(id(stmt))
+
+    def drop_comment_above(self, stmt) -> None:
+        """The comment lines right above a statement that stays go when they speak of apex (``# use
+        apex fp16 optimizer`` above the block whose initialize went)."""
+        src = self.src
+        no = self.b.first_line(stmt) - 1
+        first = None
+        while no >= 1 and src.line_text(no).strip().startswith("#"):
+            first = no
+            no -= 1
+        if first is None or not speaks_of_apex(" ".join(src.line_text(n) for n in range(first, self.b.first_line(stmt)))):
+            return
+        self.edits.append(Edit(src.starts[first - 1], src.starts[self.b.first_line(stmt) - 1], ""))
 
     def drop_stale_comment(self, stmt, words: Sequence[str]) -> None:
         """The comment at the end of ``stmt``'s last line goes when it speaks of what the rewrite
@@ -108,7 +125,7 @@ class FileChanges:
                 for st in self._filled:
                     owner, field, _ = block_of(st)
                     filled.add((id(owner), field))
-                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed, filled)
+                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed, filled, self.described)
             except Conflict as exc:
                 raise Refuse(str(exc)) from None
             points = sorted(at for at, _ in self._inserts)

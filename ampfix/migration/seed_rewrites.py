@@ -81,7 +81,7 @@ class SeedRewrites:
         """A trainer's own switch says when AMP is on (:mod:`ampfix.migration.switches`): its
         scaler is made right after ``self.<switch> = ...`` in ``__init__``, with the options of the
         setups' initialize that goes."""
-        dropped = [x for x in self.g.seeds if getattr(x, "dropped", None)]
+        dropped = [x for x in self.g.seeds if s in (getattr(x, "dropped", None) or ())]
         args: Optional[List[str]] = None
         level = False
         for x in dropped:
@@ -112,6 +112,10 @@ class SeedRewrites:
     def _dropped(self, s: Seed) -> None:
         """The initialize of a setup whose trainer makes the scaler itself: it goes."""
         self._initialize_goes(s)
+        # `# use apex fp16 optimizer` above the block the initialize was in speaks of what went
+        outer = [a for a in ancestors_stmts(s.stmt, s.func.node if s.func else None) if isinstance(a, ast.If)]
+        if outer:
+            self.fc(s.module).drop_comment_above(outer[-1])
         home = s.dropped[0]
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: `{home.func.cls.name}` sets up native AMP "
                        f"where `{home.switch}` is set")

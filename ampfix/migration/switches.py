@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Tuple
 
-from ampfix.migration.flow import ancestors_stmts, guards, stmt_of
+from ampfix.migration.flow import ancestors_stmts, block_of, guards, stmt_of
 from ampfix.migration.seeds import Seed, Use
 from ampfix.model.semantic import dotted, walk
 
@@ -154,3 +154,73 @@ def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[
             by_init[id(stmt)] = SwitchSeed(u, idx, init, stmt, switch)
             idx += 1
     return list(by_init.values())
+
+
+def _names_in(expr) -> List[str]:
+    """The names an argument hands over: itself, or the values of a ``dict(...)`` / ``{...}`` /
+    list / tuple literal it builds."""
+    if isinstance(expr, ast.Name):
+        return [expr.id]
+    if isinstance(expr, ast.Call) and dotted(expr.func) == "dict" and not expr.args:
+        return [n for k in expr.keywords for n in _names_in(k.value)]
+    if isinstance(expr, ast.Dict):
+        return [n for v in expr.values for n in _names_in(v)]
+    if isinstance(expr, (ast.List, ast.Tuple)):
+        return [n for e in expr.elts for n in _names_in(e)]
+    return []
+
+
+def handed_to_framework(project, s: Seed) -> bool:
+    """``build_runner(cfg.runner, default_args=dict(model=model, optimizer=optimizer))``: after
+    the initialize, the optimizer it made is handed to code outside the project (a framework's
+    runner), which drives the steps from then on."""
+    if s.func is None or not isinstance(s.stmt, ast.Assign):
+        return False
+    t = s.stmt.targets[0]
+    names = [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+    opt = names[1] if len(names) > 1 else None
+    if not opt or "." in opt:
+        return False
+    for n in walk(s.func.node):
+        if not isinstance(n, ast.Call) or n.lineno <= s.stmt.end_lineno:
+            continue
+        handed = [x for a in [*n.args, *(k.value for k in n.keywords)] for x in _names_in(a)]
+        if opt in handed and project.resolve(s.module, n.func)[0] is None:
+            return True
+    return False
+
+
+def framework_autocast(s: Seed) -> Optional[ast.For]:
+    """``for m in model.modules(): if hasattr(m, "fp16_enabled"): m.fp16_enabled = True`` right
+    after the initialize, in its block: a framework's own mixed-precision switch (mmcv's
+    ``auto_fp16`` runs the decorated forward passes under ``torch.autocast`` when it is set, from
+    mmcv 1.3 on).  The loop, or None."""
+    models = set()
+    t = s.stmt.targets[0] if isinstance(s.stmt, ast.Assign) else None
+    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]) if t is not None else []:
+        if dotted(e):
+            models.add(dotted(e))
+    block = block_of(s.stmt)[2]
+    if not any(x is s.stmt for x in block or ()):
+        return None
+    after = block[next(i for i, x in enumerate(block) if x is s.stmt) + 1:]
+    for st in after:
+        if not (isinstance(st, ast.For) and isinstance(st.target, ast.Name) and isinstance(st.iter, ast.Call)
+                and isinstance(st.iter.func, ast.Attribute) and st.iter.func.attr == "modules"
+                and dotted(st.iter.func.value) in models and not st.orelse):
+            continue
+        var = st.target.id
+        body = st.body
+        if len(body) == 1 and isinstance(body[0], ast.If) and not body[0].orelse:
+            body = body[0].body
+        if len(body) == 1 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1 and \
+                dotted(body[0].targets[0]) == f"{var}.fp16_enabled" and \
+                isinstance(body[0].value, ast.Constant) and body[0].value.value is True:
+            return st
+    return None
+
+
+def built_by_configuration(project, seeds: List[SwitchSeed]) -> bool:
+    """No call in the project builds the classes whose __init__ makes the scaler (a registry
+    builds them from the configuration): nothing can hand their scaler to other code."""
+    return bool(seeds) and all(not project.callers(s.func) and not project.references(s.func) for s in seeds)

@@ -164,6 +164,8 @@ class UseRewrites:
         """The loss is the parameter ``param`` of ``func``: the autocast region goes around the
         forward pass in each caller, through callers that only pass it on (a wrapper method)."""
         sites = self.p.callers(func)
+        if not sites and depth == 0 and self._framework_autocast(func):
+            return
         if not sites or self.p.references(func):
             raise Refuse(f"the loss reaches line {u.line} as the parameter `{param}` of `{func.qualname}`, whose "
                          "callers cannot all be followed: wrap their forward passes in autocast by hand")
@@ -193,6 +195,22 @@ class UseRewrites:
             cc = self.solver.solve(cs.module, cs.caller)
             hdr = autocast_call(self.s, self._autocast_enabled(cs.module, cs.caller, cc) if cc else "True")
             self._add_region(cs.module, r.block, r.first, r.last, hdr)
+
+    def _framework_autocast(self, func) -> bool:
+        """A hook that a framework calls with the loss its runner computed (no call in the project),
+        in a class that makes the scaler itself (a switch), where every setup that initialized apex
+        for it also set the framework's own mixed-precision flag on the model's modules: the
+        framework runs the forward under autocast (mmcv's ``auto_fp16``), so no region is added."""
+        from ampfix.migration.switches import SwitchSeed, framework_autocast
+
+        homes = [s for s in self.g.seeds if isinstance(s, SwitchSeed) and func.cls is not None
+                 and s.func.cls is func.cls]
+        setups = [s for s in self.g.seeds if any(h in (getattr(s, "dropped", None) or ()) for h in homes)]
+        if not homes or not setups or not all(framework_autocast(s) is not None for s in setups):
+            return False
+        self.notes.add("the forward runs under torch.autocast through the framework's `fp16_enabled` flag, set where "
+                       "apex was initialized (mmcv's auto_fp16 does so from mmcv 1.3 with torch 1.6)")
+        return True
 
     def _in_planned_region(self, stmt, loss, unit) -> bool:
         """Whether the statement that last assigns ``loss`` (before ``stmt``, in a block around it)
@@ -295,6 +313,7 @@ class UseRewrites:
             fc = self.fc(u.module)
             self._step_through(u.module, converted, c.expr)
             self._unscale_for_gradient_reads(u, c, unit, backs, converted)
+            self._unscale_at_the_step(u, c, unit, backs, converted)
             last = max(converted, key=lambda n: (n.lineno, n.col_offset))
             anchor = stmt_of(last)
             # after a loop over the optimizers, once
@@ -333,6 +352,40 @@ class UseRewrites:
                 fc.insert_after(site, [f"{c.expr}.unscale_({o})"])
                 self.notes.add("the gradients are read before the step (a clip, a norm): scaler.unscale_ right after "
                                "the backward, as apex unscaled them there")
+
+    def _unscale_at_the_step(self, u: Use, c: Carrier, unit, backs, steps) -> None:
+        """Accumulation: ``if every_n(...): clip(...); opt.step()``.  apex unscaled the gradients
+        on every backward, so a clip at the step read true gradients; here they are still scaled,
+        so ``scaler.unscale_(opt)`` goes right before the first statement of the step's block that
+        reads them (inside its ``if`` when that is where the read is), once per step."""
+        m = u.module
+        for s in steps:
+            st = stmt_of(s)
+            if any(runs_as_often(site, st, unit) for site in backs):
+                continue  # the backward's own block: _unscale_for_gradient_reads
+            owner, field, block = block_of(st)
+            j = next((k for k, x in enumerate(block) if x is st), None)
+            if j is None:
+                continue
+            before = block[:j]
+            if any(b is y or any(b is z for z in walk(y)) for b in backs for y in before):
+                continue
+            reads = [x for x in before if self._reads_gradients(x)]
+            if not reads or any("master_params" in m.src.code(x) for x in reads):
+                continue
+            o = m.src.code(receiver(s))
+            target = reads[0]
+            while isinstance(target, ast.If) and not target.orelse:
+                inner = [x for x in target.body if self._reads_gradients(x)]
+                if not inner:
+                    break
+                target = inner[0]
+            if any(mm is m and oo == o and dominates(prev, target) for mm, oo, prev in self.unscaled):
+                continue
+            self.unscaled.append((m, o, target))
+            self.fc(m).insert_before(target, [f"{c.expr}.unscale_({o})"])
+            self.notes.add("the gradients are read at the step (a clip, a norm): scaler.unscale_ right before, as "
+                           "apex had unscaled them on every backward")
 
     def _steps_in_callers(self, u: Use, c: Carrier, names: Set[str], why: str) -> None:
         """``def backward(loss, optimizer): with amp.scale_loss(loss, optimizer) ...`` called as
@@ -712,6 +765,9 @@ class UseRewrites:
         if self.pure:
             raise Refuse(f"amp.{u.kind} at line {u.line}: O3 has no loss scaler to save")
         fc = self.fc(u.module)
+        if c is not None and c.kind == "dropped":
+            self._drop_state(u)
+            return
         if self.bf16:
             # bfloat16 has no loss scaler: nothing to save, nothing to restore
             call = getattr(u.node, "_p", None)
@@ -738,6 +794,40 @@ class UseRewrites:
 
         add_module_helper(fc, u.module, SCALER_STATE_HELPER, "_scaler_state")
         self.notes.add("old checkpoints: _scaler_state() reads apex's loss-scaler state too")
+
+    def _drop_state(self, u: Use) -> None:
+        """apex's state saved or loaded where no scaler can reach (a checkpoint helper of a runner
+        built from the configuration, when the scaler lives in a hook): the statement goes;
+        ``if "amp" in checkpoint: amp.load_state_dict(...); log(...)`` goes whole."""
+        call = u.call
+        st = stmt_of(u.node)
+        if call is None:
+            raise Refuse(f"amp.{u.kind} at line {u.line} is not called: migrate it by hand")
+        fc = self.fc(u.module)
+        if u.kind == "state_dict":
+            if not (isinstance(st, ast.Assign) and st.value is call and len(st.targets) == 1 and
+                    isinstance(st.targets[0], (ast.Subscript, ast.Name, ast.Attribute))):
+                raise Refuse(f"amp.state_dict at line {u.line} is part of an expression; the scaler that would "
+                             "replace it lives in the hook: migrate it by hand")
+        elif not (isinstance(st, ast.Expr) and st.value is call):
+            raise Refuse(f"amp.load_state_dict at line {u.line} is not a statement of its own")
+        gd = getattr(st, "_p", None)
+        if isinstance(gd, ast.If) and not gd.orelse and any(x is st for x in gd.body) and \
+                all(x is st or self._only_logs(x) for x in gd.body):
+            fc.remove(gd, described=True)
+        else:
+            fc.remove(st, described=True)
+        self.notes.add("checkpoints no longer carry apex's loss scale: the GradScaler lives in a hook that the "
+                       "checkpoint code cannot reach, so a resumed run starts from the initial scale and finds its "
+                       "own again within a few steps")
+
+    @staticmethod
+    def _only_logs(st) -> bool:
+        """``print(...)`` or ``logger.info(...)`` (any logging method) as a statement."""
+        if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
+            return False
+        f = dotted(st.value.func) or ""
+        return f == "print" or f.rsplit(".", 1)[-1] in ("debug", "info", "warning", "warn", "error", "log")
 
     def _bare(self, u: Use, c: Carrier) -> None:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
