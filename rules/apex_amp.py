@@ -40,6 +40,15 @@ class ApexAmp(ApexRule):
       the setup's initialize goes.  A switch combined with another condition, or set again
       outside `__init__`, is not trusted: the module is left whole.
 
+    * An optimizer hook that a registry builds from the configuration (mmcv's
+      `DistOptimizerHook(use_fp16=...)`), with apex initialized in the train API that hands the
+      optimizer to the framework's runner: the hook makes the scaler where `use_fp16` is set,
+      the train API's initialize goes, and the forward stays under autocast through the
+      framework's `fp16_enabled` flag that the same block sets (mmcv's `auto_fp16`, mmcv 1.3 or
+      newer); without that flag the project is left whole.  A runner or checkpoint helper that
+      saved apex's state cannot reach a scaler in such a hook: that state goes (a resumed run
+      starts from the initial scale).
+
     * `O3` (pure float16) becomes `model = model.half()` plus a forward pre-hook that casts
       floating-point inputs to float16, as apex did; the backward is plain and the fix
       description says the model is pure float16 (no master weights, no loss scaling).  O3
