@@ -119,3 +119,17 @@ def test_a_clip_at_the_accumulation_step_reads_unscaled_gradients():
     assert lines[clip - 1] == "scaler.unscale_(optimizer)", out
     assert lines.count("scaler.unscale_(optimizer)") == 1
     assert lines.index("scaler.scale(loss).backward()") < clip
+
+
+def test_a_project_floor_below_mmcv_1_3_is_raised_with_the_migration(tmp_path):
+    """mmcv before 1.3 casts the inputs to float16 without autocast: the migrated forward would
+    stop on a dtype mismatch, so the package's own version floor goes to 1.3.0."""
+    work = tmp_path / "p"
+    shutil.copytree(BEFORE, work)
+    (work / "apis" / "__init__.py").write_text("mmcv_minimum_version = '1.2.4'\nmmcv_maximum_version = '1.4.0'\n")
+    out = run(work)
+    assert out.exit_code in (0, 1), out.output
+    assert (work / "apis" / "__init__.py").read_text() == \
+        "mmcv_minimum_version = '1.3.0'\nmmcv_maximum_version = '1.4.0'\n"
+    again = CliRunner().invoke(main, ["migrate", "--torch-version", "2.4", str(work)])
+    assert "would be rewritten" not in again.output, again.output

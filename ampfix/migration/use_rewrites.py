@@ -210,7 +210,38 @@ class UseRewrites:
             return False
         self.notes.add("the forward runs under torch.autocast through the framework's `fp16_enabled` flag, set where "
                        "apex was initialized (mmcv's auto_fp16 does so from mmcv 1.3 with torch 1.6)")
+        self._mmcv_floor()
         return True
+
+    def _mmcv_floor(self) -> None:
+        """``mmcv_minimum_version = '1.2.4'``: below 1.3, mmcv's ``auto_fp16`` casts the inputs to
+        float16 without autocast, so the migrated forward would stop on a dtype mismatch.  The
+        project's own floor (the check its package runs at import) goes to 1.3.0, so such an
+        install says so at once."""
+        from pathlib import Path
+
+        for path in self.g.paths:  # the packages the group's files are in: their __init__ holds the check
+            d, top = Path(path).parent, None
+            while (d / "__init__.py").is_file():
+                top, d = d.name, d.parent
+            if top:
+                self.p.module_named(top)
+        for m in list(self.p.modules.values()):
+            for st in m.tree.body:
+                if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and
+                        isinstance(st.targets[0], ast.Name) and st.targets[0].id == "mmcv_minimum_version"
+                        and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)):
+                    continue
+                parts = st.value.value.split(".")
+                if not all(x.isdigit() for x in parts) or tuple(int(x) for x in parts[:2]) >= (1, 3):
+                    continue
+                quote = m.src.code(st.value)[0]
+                self.fc(m).replace(st.value, f"{quote}1.3.0{quote}")
+                self.g.anchors.setdefault(m.path, []).append(
+                    (st, "mmcv's auto_fp16 runs the forward under torch.autocast from mmcv 1.3 on: the migrated "
+                         "hook needs it"))
+                self.notes.add(f"{m.path}: mmcv_minimum_version {st.value.value} -> 1.3.0 (auto_fp16 autocasts from "
+                               "mmcv 1.3)")
 
     def _in_planned_region(self, stmt, loss, unit) -> bool:
         """Whether the statement that last assigns ``loss`` (before ``stmt``, in a block around it)
