@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from ampfix.model.edits import Builder, Conflict, Edit
+from ampfix.model.edits import Builder, Conflict, Edit, house_quote, requote
 from ampfix.rule import ImportSpec
 from ampfix.engine.tidy import Remover, speaks_of_apex
 from ampfix.model.semantic import block_of
@@ -138,6 +139,10 @@ class FileChanges:
                     if not self.src.text[r.start:cut].strip():
                         r = Edit(cut, r.end, r.text)
                 edits.append(r)
+        quote = house_quote(self.src.text)
+        if quote == "'":  # what the migration writes follows the module's own quotes
+            edits = [replace(e, text=requote(e.text, quote), before=requote(e.before, quote),
+                             after=requote(e.after, quote)) for e in edits]
         return edits
 
 

@@ -368,3 +368,55 @@ class Builder:
             start = src.starts[line - 1]
             line -= 1
         return start
+
+
+def house_quote(text: str) -> str:
+    """The quote a module's own one-line string literals use most: ``'`` or ``"`` (``"`` on a
+    tie, or where the text cannot be tokenized)."""
+    single = double = 0
+    for tok in _string_tokens(text) or ():
+        body = tok.string.lstrip("rRbBuUfF")
+        if body[:3] in ('"""', "'''"):
+            continue
+        if body.startswith("'"):
+            single += 1
+        elif body.startswith('"'):
+            double += 1
+    return "'" if single > double else '"'
+
+
+def requote(text: str, quote: str) -> str:
+    """``text`` (code the migration writes) with its plain double-quoted literals in single
+    quotes when the module uses those: ``GradScaler('cuda')`` in a file of ``'loss'``.  Literals
+    with a prefix, a quote or a backslash inside stay as they are."""
+    if quote != "'" or '"' not in text:
+        return text
+    toks = _string_tokens(text)
+    if not toks:
+        return text
+    starts = line_starts(text)
+    out, last = [], 0
+    for tok in toks:
+        s = tok.string
+        if not (s.startswith('"') and not s.startswith('"""') and len(s) >= 2 and s.endswith('"')
+                and "'" not in s and "\\" not in s):
+            continue
+        a = starts[tok.start[0] - 1] + tok.start[1]
+        b = starts[tok.end[0] - 1] + tok.end[1]
+        if text[a:b] != s:
+            return text
+        out.append(text[last:a])
+        out.append("'" + s[1:-1] + "'")
+        last = b
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _string_tokens(text: str):
+    import io
+    import tokenize
+
+    try:
+        return [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.STRING]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
