@@ -133,3 +133,14 @@ def test_a_project_floor_below_mmcv_1_3_is_raised_with_the_migration(tmp_path):
         "mmcv_minimum_version = '1.3.0'\nmmcv_maximum_version = '1.4.0'\n"
     again = CliRunner().invoke(main, ["migrate", "--torch-version", "2.4", str(work)])
     assert "would be rewritten" not in again.output, again.output
+
+
+def test_bfloat16_is_refused_where_the_framework_autocasts_to_float16(tmp_path):
+    """mmcv's auto_fp16 autocasts to float16 whatever --dtype says: without the GradScaler that
+    bfloat16 drops, float16 gradients would underflow, so the project stays whole."""
+    work = tmp_path / "p"
+    shutil.copytree(BEFORE, work)
+    out = run(work, "--dtype", "bfloat16")
+    assert "without --dtype bfloat16" in out.output, out.output
+    for rel in ("apis/train.py", "custom/optimizer_hook.py", "custom/checkpoint.py", "custom/runner.py"):
+        assert unchanged(work, rel), rel

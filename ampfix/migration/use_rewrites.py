@@ -208,6 +208,10 @@ class UseRewrites:
         setups = [s for s in self.g.seeds if any(h in (getattr(s, "dropped", None) or ()) for h in homes)]
         if not homes or not setups or not all(framework_autocast(s) is not None for s in setups):
             return False
+        if self.bf16:
+            raise Refuse("the framework's `fp16_enabled` flag autocasts the forward to float16 (mmcv's auto_fp16), "
+                         "which --dtype bfloat16 cannot change, and float16 needs the loss scaling: migrate it "
+                         "without --dtype bfloat16")
         self.notes.add("the forward runs under torch.autocast through the framework's `fp16_enabled` flag, set where "
                        "apex was initialized (mmcv's auto_fp16 does so from mmcv 1.3 with torch 1.6)")
         self._mmcv_floor()
