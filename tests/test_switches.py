@@ -231,3 +231,15 @@ def test_switched_trainer_in_bfloat16_keeps_one_clip_and_a_flag():
     assert 'self.amp_enabled = bool(self.use_amp) and self.use_amp != "O0"' in out
     assert "dtype=torch.bfloat16, enabled=self.amp_enabled" in out
     assert out.count("clip_grad_norm_(") == 1 and "        if self.use_amp:" not in out
+
+
+def test_initialize_whose_optimizer_only_reaches_a_scheduler_is_not_paired():
+    """Handing the optimizer to code outside the project pairs only when the model goes to the
+    same object (a runner): a scheduler that gets the optimizer alone says nothing of where the
+    trainer's optimizer comes from."""
+    code = trainer().replace(
+        "        return model, optimizer\n",
+        "        scheduler = get_scheduler(optimizer)\n        return model\n", 1)
+    res = migrate(code)
+    assert res.fixed is None or "amp.scale_loss" in res.fixed
+    assert [d for d in res.diagnostics if d.code == "AMP101"]

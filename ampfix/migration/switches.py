@@ -178,14 +178,15 @@ def handed_to_framework(project, s: Seed) -> bool:
         return False
     t = s.stmt.targets[0]
     names = [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
-    opt = names[1] if len(names) > 1 else None
-    if not opt or "." in opt:
+    model, opt = (names[0], names[1]) if len(names) > 1 else (None, None)
+    if not opt or not model or "." in opt or "." in model:
         return False
     for n in walk(s.func.node):
         if not isinstance(n, ast.Call) or n.lineno <= s.stmt.end_lineno:
             continue
+        # the model (or what wraps it) and the optimizer go to one object: a runner, not a scheduler
         handed = [x for a in [*n.args, *(k.value for k in n.keywords)] for x in _names_in(a)]
-        if opt in handed and project.resolve(s.module, n.func)[0] is None:
+        if opt in handed and model in handed and project.resolve(s.module, n.func)[0] is None:
             return True
     return False
 
