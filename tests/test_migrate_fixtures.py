@@ -217,3 +217,16 @@ def test_no_rewritten_line_keeps_a_comment_about_master_copies():
             code, _, comment = line.partition("#")
             if ("scaler" in code or "clip_grad" in code) and "master" in comment.lower():
                 raise AssertionError(f"{path.name}: {line.strip()}")
+
+
+PROJECT_FILES = sorted(str(p.relative_to(FIX.parent / "projects")) for p in (FIX.parent / "projects").glob("*/before/**/*.py"))
+
+
+@pytest.mark.parametrize("rel", PROJECT_FILES)
+def test_migrated_project_file_is_no_worse_for_ruff(rel):
+    """The same for each file of the project goldens (fixtures/projects/<name>/before -> after)."""
+    before = FIX.parent / "projects" / rel
+    after = FIX.parent / "projects" / rel.replace("/before/", "/after/", 1)
+    width = max([88, *(len(line) for line in before.read_text().splitlines())])
+    b, a = _ruff_findings(before, width), _ruff_findings(after, width)
+    assert all(a[c] <= b.get(c, 0) for c in a), (rel, b, a)

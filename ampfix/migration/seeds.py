@@ -42,7 +42,7 @@ def availability_check(node) -> Optional[ast.stmt]:
 
 
 SCALER_STATE_HELPER = '''def _scaler_state(scaler, state):
-    """GradScaler state from a checkpoint, also one that apex.amp saved before the migration."""
+    """A checkpoint's GradScaler state, or apex.amp's from before the migration."""
     if "loss_scaler0" in state:  # apex: {"loss_scaler0": {"loss_scale", "unskipped"}}
         old = state["loss_scaler0"]
         scale, tracker = float(old["loss_scale"]), int(old["unskipped"])
