@@ -4,6 +4,7 @@ around what computes the loss), the optimizer steps and ``scaler.update()``, ``a
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from typing import Optional, Set
 
 from ampfix.model.analysis import arg, kwargs, method_call, receiver
@@ -16,6 +17,7 @@ from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
 from ampfix.migration.seeds import CLIP_SCALED_HELPER, SCALER_STATE_HELPER, Carrier, Use
+from ampfix.migration.switches import SwitchSeed, framework_autocast
 
 
 class UseRewrites:
@@ -201,8 +203,6 @@ class UseRewrites:
         in a class that makes the scaler itself (a switch), where every setup that initialized apex
         for it also set the framework's own mixed-precision flag on the model's modules: the
         framework runs the forward under autocast (mmcv's ``auto_fp16``), so no region is added."""
-        from ampfix.migration.switches import SwitchSeed, framework_autocast
-
         homes = [s for s in self.g.seeds if isinstance(s, SwitchSeed) and func.cls is not None
                  and s.func.cls is func.cls]
         setups = [s for s in self.g.seeds if any(h in (getattr(s, "dropped", None) or ()) for h in homes)]
@@ -222,8 +222,6 @@ class UseRewrites:
         float16 without autocast, so the migrated forward would stop on a dtype mismatch.  The
         project's own floor (the check its package runs at import) goes to 1.3.0, so such an
         install says so at once."""
-        from pathlib import Path
-
         for path in self.g.paths:  # the packages the group's files are in: their __init__ holds the check
             d, top = Path(path).parent, None
             while (d / "__init__.py").is_file():
