@@ -64,12 +64,22 @@ def names_bound(stmts: Iterable[ast.stmt]) -> Set[str]:
     return out
 
 
-def speaks_of_apex(text: str) -> bool:
+def _speaks_of_apex(text: str) -> bool:
     """A comment that names apex or its ``amp`` (``# save amp state dict``)."""
     import re
 
     low = text.lower()
     return "apex" in low or re.search(r"\bamp\b", low) is not None
+
+
+def apex_comment_above(src: Source, line: int) -> Optional[int]:
+    """The first of the comment lines right above ``line`` when together they speak of apex."""
+    no, first = line - 1, None
+    while no >= 1 and src.line_text(no).strip().startswith("#"):
+        first, no = no, no - 1
+    if first is None or not _speaks_of_apex(" ".join(src.line_text(n) for n in range(first, line))):
+        return None
+    return first
 
 
 class Remover:
@@ -146,19 +156,12 @@ class Remover:
         apex (``# use apex for mixed precision``): they described what went, and go with it.
         ``under_code``: also where code comes right before them (above an apex statement, not an
         import, a comment speaks of what follows it)."""
-        src = self.src
-        no = self.b.first_line(s) - 1
-        first = None
-        while no >= 1 and src.line_text(no).strip().startswith("#"):
-            first = no
-            no -= 1
-        if first is None:
-            return None
-        block = " ".join(src.line_text(n) for n in range(first, self.b.first_line(s)))
-        before = src.line_text(no).rstrip() if no >= 1 else ""
+        first = apex_comment_above(self.src, self.b.first_line(s))
+        if first is None or under_code:
+            return first
+        before = self.src.line_text(first - 1).rstrip() if first > 1 else ""
         # right under the code before it, a comment may speak of that code: not when it is an import
-        if not speaks_of_apex(block) or (not under_code and before.strip() and not before.endswith(":")
-                                          and not before.lstrip().startswith(("import ", "from "))):
+        if before.strip() and not before.endswith(":") and not before.lstrip().startswith(("import ", "from ")):
             return None
         return first
 

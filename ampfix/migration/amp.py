@@ -220,8 +220,7 @@ class AmpPlanner:
                 out.append(s)
                 continue
             returned = returned_names(f)
-            targets = [dotted(e) for e in (s.stmt.targets[0].elts if isinstance(s.stmt.targets[0], (ast.Tuple, ast.List))
-                                           else [s.stmt.targets[0]])]
+            targets = s.target_names
             if returned:
                 targets = [(self._returned_through(f, s.stmt, t, returned) or t) if t and t not in returned else t
                            for t in targets]
@@ -314,15 +313,10 @@ class AmpPlanner:
                 return same
             for i in left:
                 u = again[i][0]
-                best = max(_shared_prefix(sw.module.path, u.module.path) for sw in switch)
-                homes = {sw.idx for sw in switch if _shared_prefix(sw.module.path, u.module.path) == best}
-                again[i] = (u, Carrier("dropped", homes, ""))
+                again[i] = (u, Carrier("dropped", {sw.idx for sw in _nearest(switch, u.module.path)}, ""))
         # each setup goes with the trainers nearest it in the folders (a monorepo's copies of one
         # project pair up among themselves); a trainer no setup is nearest to goes with all of them
-        near = {}
-        for s in lone:
-            best = max(_shared_prefix(sw.module.path, s.module.path) for sw in switch)
-            near[s.idx] = [sw for sw in switch if _shared_prefix(sw.module.path, s.module.path) == best]
+        near = {s.idx: _nearest(switch, s.module.path) for s in lone}
         if any(not any(sw in near[s.idx] for s in lone) for sw in switch):
             near = {s.idx: list(switch) for s in lone}
         for s in lone:
@@ -335,10 +329,9 @@ class AmpPlanner:
     @staticmethod
     def _hands_out(s: Seed) -> bool:
         """An initialize in a setup that returns the optimizer it initialized (to a trainer)."""
-        if s.func is None or not isinstance(s.stmt, ast.Assign) or s.optimizers is None:
+        if s.func is None or s.optimizers is None:
             return False
-        t = s.stmt.targets[0]
-        names = [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
+        names = s.target_names
         opt = names[1] if len(names) > 1 else None
         return opt is not None and opt in returned_names(s.func)
 
@@ -552,11 +545,15 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 fc.removes.extend(apex_import_specs(m))
 
 
-def _shared_prefix(a: str, b: str) -> int:
-    """How many leading folders two paths share."""
-    n = 0
-    for x, y in zip(a.split("/")[:-1], b.split("/")[:-1]):
-        if x != y:
-            break
-        n += 1
-    return n
+def _nearest(switch: List[SwitchSeed], path: str) -> List[SwitchSeed]:
+    """The switch seeds whose modules share the most leading folders with ``path``."""
+    def shared(a: str) -> int:
+        n = 0
+        for x, y in zip(a.split("/")[:-1], path.split("/")[:-1]):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    best = max(shared(sw.module.path) for sw in switch)
+    return [sw for sw in switch if shared(sw.module.path) == best]

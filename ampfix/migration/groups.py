@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ampfix.model.edits import Builder, Conflict, Edit, house_quote, requote
 from ampfix.rule import ImportSpec
-from ampfix.engine.tidy import Remover, speaks_of_apex
+from ampfix.engine.tidy import Remover, apex_comment_above
 from ampfix.model.semantic import block_of
 
 
@@ -73,15 +73,10 @@ class FileChanges:
     def drop_comment_above(self, stmt) -> None:
         """The comment lines right above a statement that stays go when they speak of apex (``# use
         apex fp16 optimizer`` above the block whose initialize went)."""
-        src = self.src
-        no = self.b.first_line(stmt) - 1
-        first = None
-        while no >= 1 and src.line_text(no).strip().startswith("#"):
-            first = no
-            no -= 1
-        if first is None or not speaks_of_apex(" ".join(src.line_text(n) for n in range(first, self.b.first_line(stmt)))):
-            return
-        self.edits.append(Edit(src.starts[first - 1], src.starts[self.b.first_line(stmt) - 1], ""))
+        line = self.b.first_line(stmt)
+        first = apex_comment_above(self.src, line)
+        if first is not None:
+            self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[line - 1], ""))
 
     def drop_stale_comment(self, stmt, words: Sequence[str]) -> None:
         """The comment at the end of ``stmt``'s last line goes when it speaks of what the rewrite
@@ -139,10 +134,11 @@ class FileChanges:
                     if not self.src.text[r.start:cut].strip():
                         r = Edit(cut, r.end, r.text)
                 edits.append(r)
-        quote = house_quote(self.src.text)
-        if quote == "'":  # what the migration writes follows the module's own quotes
-            edits = [replace(e, text=requote(e.text, quote), before=requote(e.before, quote),
-                             after=requote(e.after, quote)) for e in edits]
+        # what the migration writes follows the module's own quotes (the module is tokenized only
+        # when something written has a double quote)
+        if any('"' in e.text + e.before + e.after for e in edits) and house_quote(self.src.text) == "'":
+            edits = [replace(e, text=requote(e.text, "'"), before=requote(e.before, "'"),
+                             after=requote(e.after, "'")) for e in edits]
         return edits
 
 

@@ -10,7 +10,7 @@ from ampfix.migration.flow import (
     stmt_of,
 )
 from ampfix.rule import ImportSpec
-from ampfix.model.semantic import walk
+from ampfix.model.semantic import dotted, walk
 
 
 NOTES = {
@@ -118,6 +118,15 @@ class Seed:
     @property
     def unit(self):
         return self.func.node if self.func is not None else self.module.tree
+
+    @property
+    def target_names(self) -> List[Optional[str]]:
+        """What ``model, optimizer = amp.initialize(...)`` assigns, as dotted names (None for a
+        target that is not a name or attribute); empty when the seed is not an assignment."""
+        if not isinstance(self.stmt, ast.Assign):
+            return []
+        t = self.stmt.targets[0]
+        return [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
 
 
 class Carrier:

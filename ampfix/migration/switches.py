@@ -25,6 +25,7 @@ initialize is in code not given, and the trainer is left alone).
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ampfix.migration.flow import ancestors_stmts, block_of, guards, stmt_of
@@ -174,10 +175,9 @@ def handed_to_framework(project, s: Seed) -> bool:
     """``build_runner(cfg.runner, default_args=dict(model=model, optimizer=optimizer))``: after
     the initialize, the optimizer it made is handed to code outside the project (a framework's
     runner), which drives the steps from then on."""
-    if s.func is None or not isinstance(s.stmt, ast.Assign):
+    names = s.target_names
+    if s.func is None:
         return False
-    t = s.stmt.targets[0]
-    names = [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
     model, opt = (names[0], names[1]) if len(names) > 1 else (None, None)
     if not opt or not model or "." in opt or "." in model:
         return False
@@ -191,19 +191,15 @@ def handed_to_framework(project, s: Seed) -> bool:
     return False
 
 
-def framework_autocast(s: Seed) -> Optional[ast.For]:
+def framework_autocast(s: Seed) -> bool:
     """``for m in model.modules(): if hasattr(m, "fp16_enabled"): m.fp16_enabled = True`` right
     after the initialize, in its block: a framework's own mixed-precision switch (mmcv's
     ``auto_fp16`` runs the decorated forward passes under ``torch.autocast`` when it is set, from
-    mmcv 1.3 on).  The loop, or None."""
-    models = set()
-    t = s.stmt.targets[0] if isinstance(s.stmt, ast.Assign) else None
-    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]) if t is not None else []:
-        if dotted(e):
-            models.add(dotted(e))
+    mmcv 1.3 on)."""
+    models = {n for n in s.target_names if n}
     block = block_of(s.stmt)[2]
     if not any(x is s.stmt for x in block or ()):
-        return None
+        return False
     after = block[next(i for i, x in enumerate(block) if x is s.stmt) + 1:]
     for st in after:
         if not (isinstance(st, ast.For) and isinstance(st.target, ast.Name) and isinstance(st.iter, ast.Call)
@@ -217,11 +213,35 @@ def framework_autocast(s: Seed) -> Optional[ast.For]:
         if len(body) == 1 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1 and \
                 dotted(body[0].targets[0]) == f"{var}.fp16_enabled" and \
                 isinstance(body[0].value, ast.Constant) and body[0].value.value is True:
-            return st
-    return None
+            return True
+    return False
 
 
 def built_by_configuration(project, seeds: List[SwitchSeed]) -> bool:
     """No call in the project builds the classes whose __init__ makes the scaler (a registry
     builds them from the configuration): nothing can hand their scaler to other code."""
     return bool(seeds) and all(not project.callers(s.func) and not project.references(s.func) for s in seeds)
+
+
+def low_mmcv_floors(project, paths: List[str]) -> List[tuple]:
+    """``mmcv_minimum_version = '1.2.4'`` at the top of a module (the package ``__init__`` that
+    checks the installed mmcv at import), below 1.3: there mmcv's ``auto_fp16`` casts the inputs
+    to float16 without autocast, so a forward migrated onto it would stop on a dtype mismatch.
+    (module, statement) pairs; the top packages of ``paths`` are read for them."""
+    for path in paths:
+        d, top = Path(path).parent, None
+        while (d / "__init__.py").is_file():
+            top, d = d.name, d.parent
+        if top:
+            project.module_named(top)
+    out = []
+    for m in list(project.modules.values()):
+        for st in m.tree.body:
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and st.targets[0].id == "mmcv_minimum_version" and isinstance(st.value, ast.Constant)
+                    and isinstance(st.value.value, str)):
+                continue
+            parts = st.value.value.split(".")
+            if all(x.isdigit() for x in parts) and tuple(int(x) for x in parts[:2]) < (1, 3):
+                out.append((m, st))
+    return out

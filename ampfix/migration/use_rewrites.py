@@ -4,7 +4,6 @@ around what computes the loss), the optimizer steps and ``scaler.update()``, ``a
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 from typing import Optional, Set
 
 from ampfix.model.analysis import arg, kwargs, method_call, receiver
@@ -17,7 +16,7 @@ from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
 from ampfix.migration.seeds import CLIP_SCALED_HELPER, SCALER_STATE_HELPER, Carrier, Use
-from ampfix.migration.switches import SwitchSeed, framework_autocast
+from ampfix.migration.switches import SwitchSeed, framework_autocast, low_mmcv_floors
 
 
 class UseRewrites:
@@ -206,7 +205,7 @@ class UseRewrites:
         homes = [s for s in self.g.seeds if isinstance(s, SwitchSeed) and func.cls is not None
                  and s.func.cls is func.cls]
         setups = [s for s in self.g.seeds if any(h in (getattr(s, "dropped", None) or ()) for h in homes)]
-        if not homes or not setups or not all(framework_autocast(s) is not None for s in setups):
+        if not homes or not setups or not all(framework_autocast(s) for s in setups):
             return False
         if self.bf16:
             raise Refuse("the framework's `fp16_enabled` flag autocasts the forward to float16 (mmcv's auto_fp16), "
@@ -218,32 +217,19 @@ class UseRewrites:
         return True
 
     def _mmcv_floor(self) -> None:
-        """``mmcv_minimum_version = '1.2.4'``: below 1.3, mmcv's ``auto_fp16`` casts the inputs to
-        float16 without autocast, so the migrated forward would stop on a dtype mismatch.  The
-        project's own floor (the check its package runs at import) goes to 1.3.0, so such an
-        install says so at once."""
-        for path in self.g.paths:  # the packages the group's files are in: their __init__ holds the check
-            d, top = Path(path).parent, None
-            while (d / "__init__.py").is_file():
-                top, d = d.name, d.parent
-            if top:
-                self.p.module_named(top)
-        for m in list(self.p.modules.values()):
-            for st in m.tree.body:
-                if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and
-                        isinstance(st.targets[0], ast.Name) and st.targets[0].id == "mmcv_minimum_version"
-                        and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)):
-                    continue
-                parts = st.value.value.split(".")
-                if not all(x.isdigit() for x in parts) or tuple(int(x) for x in parts[:2]) >= (1, 3):
-                    continue
-                quote = m.src.code(st.value)[0]
-                self.fc(m).replace(st.value, f"{quote}1.3.0{quote}")
-                self.g.anchors.setdefault(m.path, []).append(
-                    (st, "mmcv's auto_fp16 runs the forward under torch.autocast from mmcv 1.3 on: the migrated "
-                         "hook needs it"))
-                self.notes.add(f"{m.path}: mmcv_minimum_version {st.value.value} -> 1.3.0 (auto_fp16 autocasts from "
-                               "mmcv 1.3)")
+        """The project's own mmcv floor below 1.3 (:func:`ampfix.migration.switches.low_mmcv_floors`)
+        goes to 1.3.0, once, so an old install stops at import with the project's message."""
+        for m, st in low_mmcv_floors(self.p, self.g.paths):
+            fc = self.fc(m)
+            if id(st.value) in fc.touched:
+                continue
+            quote = m.src.code(st.value)[0]
+            fc.replace(st.value, f"{quote}1.3.0{quote}")
+            self.g.anchors.setdefault(m.path, []).append(
+                (st, "mmcv's auto_fp16 runs the forward under torch.autocast from mmcv 1.3 on: the migrated "
+                     "hook needs it"))
+            self.notes.add(f"{m.path}: mmcv_minimum_version {st.value.value} -> 1.3.0 (auto_fp16 autocasts from "
+                           "mmcv 1.3)")
 
     def _in_planned_region(self, stmt, loss, unit) -> bool:
         """Whether the statement that last assigns ``loss`` (before ``stmt``, in a block around it)
@@ -431,8 +417,6 @@ class UseRewrites:
             raise Refuse(f"{why}, and not all its callers can be followed: migrate the step by hand")
         plan = []
         for cs in sites:
-            cunit = cs.caller.node if cs.caller else cs.module.tree
-            call_st = stmt_of(cs.node)
             cc = self.solver.solve(cs.module, cs.caller)
             if cc is None:
                 raise Refuse(f"{why}, and `{cs.caller.qualname if cs.caller else 'module level'}` has no scaler")
