@@ -21,6 +21,9 @@ Which files ``add`` takes: every Python file of a repository of at most 400 Pyth
 larger one, the files of each project folder that holds an apex use (the nearest folder above
 the use with a README, setup.py, requirements.txt or pyproject.toml, else the use's own folder),
 so that the launcher, the engine and their helpers are planned together as a user's run would.
+A copy of apex itself checked into a repository (a folder whose ``apex/amp/__init__.py`` is
+there, e.g. ``apex/apex/amp``) is left out: its tests and internals are apex's code, not the
+project's (NVIDIA/apex itself is the exception: its examples are what users copied).
 """
 from __future__ import annotations
 
@@ -86,7 +89,9 @@ def select(gd: Path, commit: str):
     """The Python files ``add`` takes at ``commit`` (see the module's docstring)."""
     files = subprocess.run(["git", "--git-dir", str(gd), "ls-tree", "-r", "--name-only", commit],
                            capture_output=True, text=True, check=True).stdout.splitlines()
-    py = [f for f in files if f.endswith(".py")]
+    vendored = {f[: -len("apex/amp/__init__.py")] for f in files if f.endswith("apex/amp/__init__.py")}
+    vendored = {v for v in vendored if v and v.endswith("/")}
+    py = [f for f in files if f.endswith(".py") and not any(f.startswith(v) for v in vendored)]
     if len(py) <= 400:
         return sorted(py)
     present = set(files)
