@@ -1,6 +1,7 @@
 import ast
 
 from ampfix.model.analysis import GRADSCALER, enclosing_loop, is_training_loop, loop_body_nodes
+from ampfix.model.semantic import block_of, dotted
 from ampfix.rule import Invalid, Rule, Valid
 
 
@@ -29,6 +30,9 @@ class ScalerInLoop(Rule):
 
     ## Use instead
     Create the scaler once, before the loop (and save/load its state_dict with checkpoints).
+    A scaler made together with the optimizer it steps (in the same block, right after it:
+    `if epoch == start: optimizer = Adam(...); scaler = GradScaler(...)`) is not reported: a new
+    optimizer starts with a new scale.
     """
 
     code = "AMP203"
@@ -54,6 +58,19 @@ class ScalerInLoop(Rule):
             for cfg in configs:
                 scaler = torch.amp.GradScaler("cuda")
                 train(cfg, scaler)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            for epoch in range(epochs):
+                if epoch == start_epoch:
+                    optimizer = torch.optim.Adam(model.parameters())
+                    scaler = torch.amp.GradScaler("cuda")
+                for x in loader:
+                    scaler.scale(model(x)).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
             """
         ),
     ]
@@ -89,8 +106,25 @@ class ScalerInLoop(Rule):
         while loop is not None:
             uses_scaler = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                               and n.func.attr in ("scale", "step", "update") for n in loop_body_nodes(loop, True))
-            if is_training_loop(loop) or uses_scaler:
+            if (is_training_loop(loop) or uses_scaler) and not self._made_with_its_optimizer(node, loop):
                 self.report(node, "GradScaler created inside the training loop: its dynamic loss scale restarts "
                                   "every step; create it once before the loop")
                 return
             loop = enclosing_loop(loop)
+
+    @staticmethod
+    def _made_with_its_optimizer(node: ast.Call, loop) -> bool:
+        """The scaler's statement follows, in its own block, the assignment of an optimizer that
+        ``scaler.step(...)`` steps in the loop: each new optimizer gets a new scaler."""
+        stmt = node
+        while stmt is not None and not isinstance(stmt, ast.stmt):
+            stmt = getattr(stmt, "_p", None)
+        if stmt is None:
+            return False
+        _, _, block = block_of(stmt)
+        before = block[:next((i for i, x in enumerate(block) if x is stmt), 0)]
+        made = {dotted(t) for x in before if isinstance(x, ast.Assign) for t in x.targets}
+        stepped = {dotted(n.args[0]) for n in loop_body_nodes(loop, True) if isinstance(n, ast.Call)
+                   and isinstance(n.func, ast.Attribute) and n.func.attr == "step" and n.args}
+        return bool(made & stepped - {None})
+

@@ -3,7 +3,7 @@ mapped), autocast for an inference seed, ``model.half()`` for O3, ``amp.init``."
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
@@ -157,19 +157,18 @@ class SeedRewrites:
                     raise Refuse(f"opt_level O3 with {k!r}: convert the model with .half() by hand")
             return enabled, notes, scaler_args, pure
         if ls is not None:
-            if string_value(ls) == "dynamic" or is_const(ls, None):
-                pass
-            elif number_value(ls) is not None:
-                scaler_args += [f"init_scale={code(ls)}", "growth_interval=2**31 - 1"]
+            dyn, static = loss_scale_choice(ls, code)
+            if static is None:
+                pass  # always dynamic: GradScaler's default
+            elif dyn is None:
+                scaler_args += [f"init_scale={static}", "growth_interval=2**31 - 1"]
                 notes.add(STATIC_NOTE)
-            elif isinstance(ls, (ast.Name, ast.Attribute, ast.Subscript)):
-                v = code(ls)
-                dyn = f'{v} in (None, 0, "dynamic")'
-                scaler_args += [f"init_scale=2.0**16 if {dyn} else float({v})",
-                                f"growth_interval=2000 if {dyn} else 2**31 - 1"]
-                notes.add("loss_scale chosen at run time: dynamic when it is None, 0 or 'dynamic', else static")
             else:
-                raise Refuse("loss_scale is neither 'dynamic', a number nor a name")
+                scaler_args += [f"init_scale=2.0**16 if {dyn} else {static}",
+                                f"growth_interval=2000 if {dyn} else 2**31 - 1"]
+                notes.add("loss_scale chosen at run time: dynamic when it is None, 0 or 'dynamic', else static"
+                          if not isinstance(ls, ast.IfExp) else
+                          "loss_scale chosen at run time: dynamic where apex's was, else static")
         for k in kws:
             if k in NOTES:
                 notes.add(f"{k}: {NOTES[k]}")
@@ -189,10 +188,20 @@ class SeedRewrites:
         stmt = s.stmt
         unit = s.unit
         gs = guards(stmt, unit)
+        home = self._optimizer_home(s) if not in_place else None
+        if home is not None:
+            # the optimizer is made in a block inside a loop: the scaler is made beside it
+            inside = [a for a in ancestors_stmts(stmt, unit)]
+            inside = inside[:next(i for i, a in enumerate(inside) if a is home) + 1] if home is not stmt else []
+            gs = [g for g in gs if any(g is a for a in inside)]
         # `if deepspeed: ... else: initialize(...)` and `elif` chains: the branch's condition is
         # the negation of the tests before it; the scaler goes before the chain, enabled by it
         negs: List[ast.If] = []
         for a in ancestors_stmts(stmt, unit):
+            if home is not None and (a is home or not any(a is x for x in inside)):
+                if a is home and isinstance(a, ast.If) and a not in gs:
+                    negs.append(a)
+                break
             if a in gs or isinstance(a, DEFS + (ast.With, ast.AsyncWith)):
                 continue
             if isinstance(a, ast.If):  # stmt is in its else branch
@@ -230,6 +239,41 @@ class SeedRewrites:
                                  f" at line {top.lineno}, before it; make the scaler by hand")
         cond = fold_conditions(s.module, around, folded, negated, enabled)
         return top, cond
+
+    def _optimizer_home(self, s: Seed):
+        """The statement holding the seed in the block that makes its optimizer, when that block
+        lies inside a loop (``for epoch ...: if epoch == start: optimizer = Adam(...); if fp16:
+        initialize(...)``); None otherwise.
+
+        A scaler made before that statement exists exactly when the optimizer does: every binding
+        of the optimizer's name in the function is in that block, before it (or is the seed), and
+        only ``if`` / ``with`` statements lie between it and the seed."""
+        stmt, unit = s.stmt, s.unit
+        if s.func is None:
+            return None
+        chain = ancestors_stmts(stmt, unit)
+        if not any(isinstance(a, (ast.For, ast.AsyncFor, ast.While)) for a in chain):
+            return None
+        opt = s.call.args[1] if len(s.call.args) > 1 else kwargs(s.call).get("optimizers")
+        names = {dotted(opt)} if isinstance(opt, ast.Name) else set()
+        names |= {t for t in s.target_names[1:] if t and "." not in t}
+        if not names or len(names) > 1:
+            return None
+        name = next(iter(names))
+        binds = [x for x in walk(unit, into_functions=False) if isinstance(x, ast.stmt) and x is not unit
+                 and name in assigned_in([x]) and not any(isinstance(y, ast.stmt) and y is not x and
+                                                           name in assigned_in([y]) for y in _children(x))]
+        for a in [stmt, *chain]:
+            if isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.Try)) or isinstance(a, DEFS):
+                return None
+            owner, field, block = block_of(a)
+            i = next(k for k, x in enumerate(block) if x is a)
+            made = [x for x in block[:i] if name in assigned_in([x])]
+            if not made:
+                continue
+            ok = all(b is stmt or any(b is y or any(b is z for z in walk(y)) for y in block[:i]) for b in binds)
+            return a if ok else None
+        return None
 
     def _exported_options(self, s: Seed):
         """The options of the seed a virtual seed came from, said in its caller's terms."""
@@ -669,3 +713,67 @@ class SeedRewrites:
         seeds = [s for s in self.g.seeds if s.module is u.module]
         if not seeds:
             raise Refuse(f"apex's private loss scale at line {u.line} is not beside amp.initialize")
+
+
+_DYNAMIC_VALUES = (None, 0, "dynamic")
+
+
+def loss_scale_choice(ls, code) -> Tuple[Optional[str], Optional[str]]:
+    """apex's ``loss_scale`` as (the test that makes it dynamic, the static scale otherwise).
+
+    ``(None, None)``: always dynamic; ``(None, "128")``: always static; a name is chosen at run
+    time (dynamic when it is None, 0 or "dynamic", as apex reads it).  A conditional expression
+    whose one branch is dynamic and the other a number or a name (``"dynamic" if args.loss_scale
+    == 0 else args.loss_scale``, NVIDIA's BERT scripts) is dynamic when its test says so or when
+    the other branch is; a test that only restates the name's own dynamic values folds away."""
+    if string_value(ls) == "dynamic" or is_const(ls, None):
+        return None, None
+    if number_value(ls) is not None:
+        return None, code(ls)
+    if isinstance(ls, (ast.Name, ast.Attribute, ast.Subscript)):
+        v = code(ls)
+        return f'{v} in (None, 0, "dynamic")', f"float({v})"
+    if isinstance(ls, ast.IfExp):
+        branches = {"body": ls.body, "orelse": ls.orelse}
+        fixed = [k for k, b in branches.items() if string_value(b) == "dynamic" or is_const(b, None)]
+        if len(fixed) == 1:
+            other = branches["orelse" if fixed[0] == "body" else "body"]
+            dyn, static = loss_scale_choice(other, code)
+            if static is not None and not isinstance(other, ast.IfExp):
+                if _restates(ls.test, other, code, negated=fixed[0] == "orelse"):
+                    return dyn, static
+                test = code(ls.test)
+                if fixed[0] == "orelse":
+                    simple = isinstance(ls.test, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+                    test = f"not {test}" if simple else f"not ({test})"
+                return (test if dyn is None else f"{test} or {dyn}"), static
+    raise Refuse("loss_scale is neither 'dynamic', a number, a name nor a choice between them")
+
+
+def _restates(test, value, code, negated: bool = False) -> bool:
+    """``x == 0``, ``x is None``, ``x == "dynamic"``, ``not x`` (or, ``negated``, ``x``, ``x != 0``,
+    ``x is not None``): a test that picks "dynamic" only where the name ``value`` already reads
+    as dynamic."""
+    if not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
+        return False
+    v = code(value)
+    if negated:
+        if code(test) == v:
+            return True
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return code(test.operand) == v
+    ops = (ast.NotEq, ast.IsNot) if negated else (ast.Eq, ast.Is)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ops):
+        a, b = test.left, test.comparators[0]
+        for x, y in ((a, b), (b, a)):
+            if code(x) == v and isinstance(y, ast.Constant) and y.value in _DYNAMIC_VALUES and \
+                    not isinstance(y.value, bool):
+                return True
+    return False
+
+
+def _children(x):
+    for n in ast.walk(x):
+        if n is not x:
+            yield n
+
