@@ -142,13 +142,21 @@ class Remover:
                 # an emptied block that must stay: one `pass` in place of its first statement
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]
-            for s in removed:
+            for i, s in enumerate(removed):
                 above = None
                 if self._import_like(s):
                     above = self._apex_comment_above(s)
                 elif id(s) in described:
                     above = self._apex_comment_above(s, under_code=True)
-                edits.append(self.b.remove_statement(s, above))
+                # a run of removed statements, one right after another: the line after the
+                # whole run decides whether the blank lines above its first one go
+                run_end = None
+                if i == 0 or removed[i - 1].end_lineno + 1 != self.b.first_line(s):
+                    j = i
+                    while j + 1 < len(removed) and removed[j].end_lineno + 1 == self.b.first_line(removed[j + 1]):
+                        j += 1
+                    run_end = removed[j].end_lineno
+                edits.append(self.b.remove_statement(s, above, run_end))
         return edits
 
     def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:
@@ -200,7 +208,7 @@ class Remover:
             for no in range(self.b.first_line(s), s.end_lineno + 1):
                 text = src.line_text(no)
                 c = _comment_of_line(text, no, src)
-                if c:
+                if c and c.strip("#").strip():  # a bare `#` says nothing: it goes with its line
                     lines.append(c)
             if not lines:
                 continue

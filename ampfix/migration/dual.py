@@ -8,14 +8,20 @@ breaks ``--amp-impl apex`` once apex is gone.  Instead every apex choice is rout
 one:
 
 * facts: a ``has_apex``-style flag (True in a ``try`` that imports apex, False in its
-  ``except ImportError``) is False; a command-line selector that could say ``"apex"`` is
+  ``except ImportError``) is False; a test of the torch version against a 0.x / 1.x release
+  (``version.parse(torch.__version__) < version.parse("1.6")``, where Hugging Face's Trainer
+  of 2020 and its copies fall back to apex) has its value on the torch that native AMP needs,
+  and a module-level flag that such code settles (``_use_apex = False`` / ``_use_native_amp =
+  True``) has the value it ends with, in the functions that read it; a command-line selector that could say ``"apex"`` is
   rewritten right after the arguments are parsed (``if args.amp_impl == "apex": print(...);
   args.amp_impl = "native"``: the old value keeps working, and says so once); a variable
   compared with ``"apex"`` whose every ``= "apex"`` lies in code that can no longer run never
   equals it;
 * ``if`` tests are evaluated under those facts (to a fixpoint): a branch that cannot run goes
-  (an ``elif`` after it becomes the ``if``; an ``else`` body takes its place), ``assert``s that
-  always hold go, and so do the log lines in the branches that claimed apex;
+  (an ``elif`` after it becomes the ``if``; an ``else`` body takes its place; an ``elif`` whose
+  test only restates what the ``if`` before it tested, once the facts are folded, goes with its
+  body), ``assert``s that always hold go, and so do the log lines in the branches that claimed
+  apex;
 * the apex wrapper class becomes an alias of its native twin (``ApexScaler = NativeScaler``),
   so that code importing it keeps working.
 
@@ -71,6 +77,8 @@ class DualModule:
         self.m = module
         self.code = module.src.code
         self.flags: Set[str] = set()  # names that are False (apex availability)
+        self.settled: Dict[str, bool] = {}  # module-level flags' values once the module has loaded
+        self._in_function = False  # the test being evaluated is inside a function
         self.selectors: Dict[str, str] = {}  # expression source -> its native value
         self.cli: Dict[str, Tuple[str, str]] = {}  # args.X -> (native value / twin flag, kind "value"|"flag")
         self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
@@ -86,7 +94,9 @@ class DualModule:
             return False
         self._flags()
         self._selectors()
-        if not self.compared and not self.cli and not self.flags:
+        gated = any(isinstance(n, ast.If) and _torch_version_test(n.test) is not None
+                    for n in walk(tree, into_functions=True))
+        if not self.compared and not self.cli and not self.flags and not gated:
             return False
         self._evaluate()
         # a dual path: some apex use sits in a branch that can no longer run
@@ -110,8 +120,11 @@ class DualModule:
                         ".".join(parts[:k]) in known for x in q for parts in [x.split(".")]
                         for k in range(1, len(parts) + 1)):
                     return True
-                if "native" in ((dotted(n) or "").lower()) and "scaler" in (dotted(n) or "").lower():
-                    return True
+                low = (dotted(n) or "").lower()
+                if "native" in low and ("scaler" in low or "native_amp" in low):
+                    return True  # NativeScaler, _use_native_amp, is_native_amp_available
+            if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "") in ("torch.cuda.amp", "torch.amp"):
+                return True
             if string_value(n) is not None and n.value.lower() == "native":
                 return True
         return False
@@ -194,6 +207,11 @@ class DualModule:
         d = dotted(e)
         if d in self.flags:
             return False
+        if self._in_function and isinstance(e, ast.Name) and e.id in self.settled:
+            return self.settled[e.id]
+        v = _torch_version_test(e)
+        if v is not None:
+            return v
         if d and d.count(".") == 1 and self.cli.get(d.split(".")[1], (None, None))[1] == "flag":
             return False
         if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
@@ -232,11 +250,18 @@ class DualModule:
         changed = True
         while changed:
             changed = False
+            settled = self._settle()
+            if settled != self.settled:
+                self.settled = settled
+                changed = True
             for n in walk(self.m.tree, into_functions=True):
                 if id(n) in self.dead:
                     continue
                 if isinstance(n, ast.If):
+                    self._in_function = self.m.function_of(n) is not None
                     v = self._value(n.test)
+                    if v is None and self._restates_the_if_before(n):
+                        v = False
                     if v is False and (n, "body") not in self.dead_branches:
                         self.dead_branches.append((n, "body"))
                         self._mark(n.body)
@@ -259,6 +284,69 @@ class DualModule:
             if twin is not None and uses_amp:
                 self.twins.append((c, twin))
                 self._mark([c])
+
+    def _settle(self) -> Dict[str, bool]:
+        """Module-level names bound only to True / False at module level: the value each has once
+        the module has run, following the branches known to run (None where it depends)."""
+        binds: Dict[str, List[ast.AST]] = {}
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    for x in ast.walk(t):
+                        if isinstance(x, ast.Name):
+                            binds.setdefault(x.id, []).append(n)
+            elif isinstance(n, (ast.Global, ast.Nonlocal)):
+                for name in n.names:
+                    binds.setdefault(name, []).append(n)
+        out: Dict[str, bool] = {}
+        for name, nodes in binds.items():
+            if not all(isinstance(x, ast.Assign) and len(x.targets) == 1 and isinstance(x.targets[0], ast.Name)
+                       and isinstance(x.value, ast.Constant) and isinstance(x.value.value, bool)
+                       and self.m.function_of(x) is None for x in nodes):
+                continue
+            v = self._run(self.m.tree.body, name, None)
+            if isinstance(v, bool):
+                out[name] = v
+        return out
+
+    def _run(self, stmts, name: str, value):
+        """The value of ``name`` after ``stmts`` run ("?" where it cannot be told)."""
+        for st in stmts:
+            if id(st) in self.dead:
+                continue
+            if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Name) and st.targets[0].id == name:
+                value = st.value.value
+            elif isinstance(st, ast.If) and any(isinstance(x, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == name for t in x.targets) for x in walk(st)):
+                dead_body = (st, "body") in self.dead_branches
+                dead_else = (st, "orelse") in self.dead_branches
+                if dead_body:
+                    value = self._run(st.orelse, name, value)
+                elif dead_else:
+                    value = self._run(st.body, name, value)
+                else:
+                    return "?"
+            elif not isinstance(st, ast.If) and any(isinstance(x, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == name for t in x.targets) for x in walk(st)):
+                return "?"
+            if value == "?":
+                return "?"
+        return value
+
+    def _restates_the_if_before(self, n: ast.If) -> bool:
+        """``if a and <true fact>: ... elif a: ...``: the ``elif`` runs only where ``a`` is false,
+        so never."""
+        parent = getattr(n, "_p", None)
+        if not (isinstance(parent, ast.If) and len(parent.orelse) == 1 and parent.orelse[0] is n):
+            return False
+        if not self.m.src.line_text(n.lineno).lstrip().startswith("elif"):
+            return False
+        test = parent.test
+        rest = [v for v in test.values if self._value(v) is not True] if isinstance(test, ast.BoolOp) and \
+            isinstance(test.op, ast.And) else [test]
+        if len(rest) == len(getattr(test, "values", [test])):
+            return False  # nothing folded: not this module's facts
+        return len(rest) == 1 and ast.dump(rest[0]) == ast.dump(n.test)
 
     def _mark(self, stmts) -> None:
         for s in stmts:
@@ -311,7 +399,7 @@ class DualModule:
             for a in imp.names:
                 bound = (a.asname or a.name).split(".")[0]
                 r = reads.get(bound, [])
-                if r and all(id(x) in self.dead for x in r):
+                if r and all(id(x) in self.dead or self._in_dead_test(x) for x in r):
                     if isinstance(imp, ast.Import):
                         out.append(ImportSpec(a.name if a.asname else a.name.split(".")[0], None, a.asname))
                     elif not imp.level and imp.module:
@@ -329,13 +417,23 @@ class DualModule:
     def _drop_branch(self, fc, node: ast.If, field: str) -> None:
         b = fc.b
         src = self.m.src
+        if field == "body" and src.line_text(node.lineno).lstrip().startswith("elif"):
+            # `elif dead: ...` goes, from its line to the `else` / `elif` that follows it
+            end = node.end_lineno
+            if node.orelse:
+                end = next(no for no in range(node.body[-1].end_lineno + 1, node.orelse[0].lineno + 1)
+                           if src.line_text(no).lstrip().startswith(("else", "elif"))) - 1
+            fc.edits.append(_edit(src.starts[node.lineno - 1], src.line_end(end), ""))
+            fc.touched.add(id(node))
+            return
         if field == "orelse":
             # `if True-test: body else: dead` -> body
             fc.unwrap(node, node.body)
             fc.touched.add(id(node))
+            fc.drop_comment_above(node)
             return
         if not node.orelse:
-            fc.remove(node)
+            fc.remove(node, described=True)
             return
         first = node.orelse[0]
         if len(node.orelse) == 1 and isinstance(first, ast.If) and src.line_text(first.lineno).lstrip().startswith("elif"):
@@ -348,6 +446,7 @@ class DualModule:
             return
         fc.unwrap(node, node.orelse)
         fc.touched.add(id(node))
+        fc.drop_comment_above(node)  # `# switch between native AMP and apex` no longer says anything
 
     def _route_cli(self, fc) -> None:
         """Right after the arguments are parsed: the apex choice becomes the native one, said once."""
@@ -385,7 +484,7 @@ class DualModule:
 
     def _drop_flags(self, fc) -> None:
         """``has_apex = True/False`` go when nothing reads the flag any more."""
-        for flag in self.flags:
+        for flag in self.flags | {f for f, v in self.settled.items() if v is False}:
             reads = [n for n in walk(self.m.tree, into_functions=True) if isinstance(n, (ast.Name, ast.Attribute))
                      and isinstance(n.ctx, ast.Load) and dotted(n) == flag and id(n) not in self.dead
                      and not self._in_dead_test(n)]
@@ -396,6 +495,19 @@ class DualModule:
                         id(n) not in self.dead and id(n) not in fc.touched and not self._inside_dropped(n):
                     fc.remove(n)
 
+        # `_use_native_amp = False` at the top, `= True` (now unconditional) below it: the first
+        # is a store nothing reads
+        for flag, value in self.settled.items():
+            if value is not True:
+                continue
+            if any(isinstance(n, ast.Name) and n.id == flag and isinstance(n.ctx, ast.Load)
+                   and self.m.function_of(n) is None for n in walk(self.m.tree, into_functions=True)):
+                continue
+            for n in self.m.tree.body:
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) == flag and \
+                        is_const(n.value, False) and id(n) not in self.dead and id(n) not in fc.touched:
+                    fc.remove(n)
+
     def _in_dead_test(self, n) -> bool:
         p = getattr(n, "_p", None)
         while p is not None:
@@ -403,6 +515,29 @@ class DualModule:
                 return True
             p = getattr(p, "_p", None)
         return False
+
+
+def _torch_version_test(e) -> Optional[bool]:
+    """``version.parse(torch.__version__) < version.parse("1.6")`` (or ``LooseVersion``,
+    ``float(torch.__version__[:3]) >= 1.6``...): a comparison of the torch version with a 0.x or 1.x
+    release, as it comes out on torch 2, which native AMP (``torch.amp.GradScaler("cuda")``)
+    needs; None for anything else."""
+    if not (isinstance(e, ast.Compare) and len(e.ops) == 1
+            and isinstance(e.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE))):
+        return None
+    sides = [e.left, e.comparators[0]]
+    has_torch = [any(dotted(x) == "torch.__version__" for x in ast.walk(side)) for side in sides]
+    if sorted(has_torch) != [False, True]:
+        return None
+    other = sides[has_torch.index(False)]
+    lits = [x.value for x in ast.walk(other) if isinstance(x, ast.Constant) and not isinstance(x.value, bool)]
+    if len(lits) != 1:
+        return None
+    major = str(lits[0]).strip().split(".")[0]
+    if major not in ("0", "1"):
+        return None
+    below = isinstance(e.ops[0], (ast.Lt, ast.LtE))  # torch (left) is below the release
+    return (not below) if has_torch[0] else below
 
 
 def _is_apex_import(x) -> bool:

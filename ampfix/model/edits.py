@@ -206,15 +206,16 @@ class Builder:
         a, b = self.lines_span(stmt)
         return Edit(a, b, self.statements(lines, self.indent(stmt)))
 
-    def remove_statement(self, stmt, from_line: Optional[int] = None) -> Edit:
+    def remove_statement(self, stmt, from_line: Optional[int] = None, run_end: Optional[int] = None) -> Edit:
         """Remove a statement's lines (from ``from_line`` when given: comment lines above it
         that go too) and the blank lines right above them (as a statement's leading blank lines
-        go with it), so that no gap is left doubled."""
+        go with it), so that no gap is left doubled.  ``run_end``: the last line of the run of
+        removed statements this one starts (what follows the run decides)."""
         a, b = self.lines_span(stmt)
         src = self.src
         first = from_line or self.first_line(stmt)
         a = min(a, src.starts[first - 1])
-        after = stmt.end_lineno + 1
+        after = (run_end or stmt.end_lineno) + 1
         if after <= src.line_count and not src.line_text(after).strip():
             # a blank line follows: the blank lines above go too (else they would pile up); with
             # code right after, they stay and keep the paragraphs apart
