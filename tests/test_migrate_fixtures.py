@@ -96,7 +96,7 @@ def test_fixtures_cover_the_patterns():
             "gan_losses_first.py", "optional_imports.py", "checkpoint_resume.py", "nested_guards.py",
             "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py",
             "trainer_hierarchy.py", "amp_attribute.py", "else_branch_init.py",
-            "gan_setup_lists.py", "epoch_setup.py", "version_fallback.py"} <= set(NAMES)
+            "gan_setup_lists.py", "epoch_setup.py", "version_fallback.py", "hf2_trainer.py"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("ddp")])
@@ -172,6 +172,78 @@ def test_an_apex_fallback_below_torch_1_6_goes_with_its_flags():
         'version.parse(torch.__version__) < version.parse("1.6")', "args_use_apex")
     res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
     assert res.fixed is None or "_use_apex" in res.fixed
+
+
+def test_a_training_step_method_that_the_train_loop_steps_after():
+    """`tr_loss += self._training_step(model, inputs, optimizer)` then, at the accumulation step,
+    `clip(amp.master_params(optimizer))` and `optimizer.step()`: the caller's step is the
+    scaler's, unscale_ comes right before the clip (apex had unscaled on every backward), and
+    the apex install check before initialize goes with it."""
+    after = (FIX / "after" / "hf2_trainer.py").read_text()
+    train = after[after.index("    def train("):]
+    assert train.index("self.scaler.unscale_(optimizer)") < train.index("clip_grad_norm_(model.parameters()") \
+        < train.index("self.scaler.step(optimizer)") < train.index("self.scaler.update()")
+    assert "Please install apex" not in after and "self.scaler.scale(loss).backward()" in after
+
+
+HELPER_CLIPS_EVERY_MICRO_BATCH = """\
+import torch
+from apex import amp
+
+
+def backward(loss, optimizer, fp16):
+    if fp16:
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+    else:
+        loss.backward()
+
+
+def train(args, model, optimizer, loader):
+    for step, (x, y) in enumerate(loader):
+        loss = ((model(x) - y) ** 2).mean()
+        backward(loss, optimizer, args.fp16)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % 4 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def main(args):
+    model = torch.nn.Linear(4, 4).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    train(args, model, optimizer, [])
+"""
+
+
+@pytest.mark.parametrize("shape", ["method", "function"])
+def test_a_clip_between_the_helper_and_a_later_step_is_refused(shape):
+    """The caller clips on every micro-batch and steps every N: apex's gradients were unscaled
+    there, native ones are not and unscale_ may run once per step; no exact rewrite, so the
+    group is refused with the line (with a plain function as the helper this used to migrate
+    into a clip of scaled gradients)."""
+    if shape == "function":
+        src = HELPER_CLIPS_EVERY_MICRO_BATCH
+    else:
+        src = (FIX / "before" / "hf2_trainer.py").read_text().replace("""\
+            tr_loss += self._training_step(model, inputs, optimizer)
+            if (step + 1) % self.args.gradient_accumulation_steps == 0:
+                if self.args.fp16:
+                    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), self.args.max_grad_norm)
+                else:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+""", """\
+            tr_loss += self._training_step(model, inputs, optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+            if (step + 1) % self.args.gradient_accumulation_steps == 0:
+""")
+        assert "clip_grad_norm_(amp.master_params" not in src
+    res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
+    assert res.fixed is None or "amp.initialize" in res.fixed
+    msgs = [d.message for d in res.diagnostics if d.code == "AMP101" and "not rewritten" in d.message]
+    assert any("before they can be unscaled" in m for m in msgs), msgs
 
 
 def test_a_helper_goes_after_the_whole_import_head():

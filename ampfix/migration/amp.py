@@ -470,6 +470,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there
         self.step_methods: Set[object] = set()  # keys of methods that step after another's scaled backward
         self.unscaled: List[tuple] = []  # (module, optimizer, statement) where scaler.unscale_ is already called
+        #: helper calls that are the scaled backward in their caller: what reads gradients there is checked last
+        self.reads_after_calls: List[tuple] = []
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
 
@@ -490,6 +492,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 self._training_seed(s)
             else:
                 self._inference_seed(s)
+            if not isinstance(s, SwitchSeed):
+                self._install_checks_go(s)
         training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)]
         scaled_by = set()
         for u, c in g.needs:
@@ -531,6 +535,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 st = availability_check(u.node)
                 if id(st) not in self.fc(u.module).touched:
                     self.fc(u.module).remove(st)
+        self._check_reads_after_calls()
         self._carriers()
         self._finish_regions()
         if self.bf16:

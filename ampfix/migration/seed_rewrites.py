@@ -62,6 +62,23 @@ def option_reads(call: ast.Call, bf16: bool = False) -> Set[str]:
 class SeedRewrites:
     """The part of a group's plan (:class:`ampfix.migration.amp.GroupPlan`) that rewrites its seeds."""
 
+    def _install_checks_go(self, s: Seed) -> None:
+        """``if not is_apex_available(): raise ImportError("Please install apex ...")`` before the
+        initialize, in its block: a check that apex is installed, which nothing needs once the
+        initialize goes (it would stop a run that no longer uses apex)."""
+        owner, field, block = block_of(s.stmt)
+        code = s.module.src.code
+        for x in block:
+            if x is s.stmt:
+                break
+            if not (isinstance(x, ast.If) and not x.orelse and x.body
+                    and all(isinstance(y, (ast.Raise, ast.Expr)) for y in x.body)
+                    and isinstance(x.body[-1], ast.Raise)):
+                continue
+            said = " ".join(code(y) for y in x.body).lower()
+            if "apex" in said and ("install" in said or "nvidia/apex" in said):
+                self.fc(s.module).remove(x)
+
     def _initialize_goes(self, s: Seed) -> None:
         """The initialize statement goes; its targets get its arguments where they differ."""
         after = self._reassign(s)

@@ -4,6 +4,7 @@ around what computes the loss), the optimizer steps and ``scaler.update()``, ``a
 from __future__ import annotations
 
 import ast
+from types import SimpleNamespace
 from typing import Optional, Set
 
 from ampfix.model.analysis import arg, kwargs, method_call, receiver
@@ -434,7 +435,36 @@ class UseRewrites:
             self._step_through(cs.module, steps, cc.expr)
             for x in steps:
                 self.fc(cs.module).insert_after(stmt_of(x), [f"{cc.expr}.update()"])
+            # in the caller, the call is the scaled backward: a clip or a gradient read between it
+            # and the step (`amp.master_params` too) gets the scaler's unscale_ as apex's had
+            cunit = cs.caller.node if cs.caller else cs.module.tree
+            call_st = stmt_of(cs.node)
+            key = Solver.key(cs.module, cs.caller)
+            self.backward_sites.setdefault(key, []).append(call_st)
+            self.steps_of[key] = self.steps_of.get(key, []) + steps
+            at = SimpleNamespace(module=cs.module)
+            self._unscale_for_gradient_reads(at, cc, cunit, [call_st], steps)
+            self._unscale_at_the_step(at, cc, cunit, [call_st], steps)
+            self.reads_after_calls.append((cs, cunit, call_st, o, steps, why))
         self.notes.add(f"the optimizer steps where `{func.qualname}` is called: the scaler steps it there")
+
+    def _check_reads_after_calls(self) -> None:
+        """After every rewrite of the group: a gradient read between a helper's scaled backward and
+        the caller's step must come after an unscale_ (apex's gradients were true ones there);
+        one that cannot (a clip on micro-batches where the optimizer does not step) refuses."""
+        for cs, cunit, call_st, o, steps, why in self.reads_after_calls:
+            fc = self.fc(cs.module)
+            for r in walk(cunit):
+                if not (isinstance(r, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign))
+                        and self._reads_gradients(r) and follows(r, [call_st], cunit)
+                        and any(follows(stmt_of(x), [r], cunit) for x in steps)):
+                    continue
+                if any(id(a) in fc.touched for a in [r, *ancestors_stmts(r, cunit)]) or any(
+                        mm is cs.module and oo == o and dominates(prev, r) for mm, oo, prev in self.unscaled):
+                    continue  # rewritten with its unscale_ (a master_params clip and its fp32 twin)
+                raise Refuse(f"{why}, and the gradients are read at {cs.module.path} line {r.lineno} before they "
+                             "can be unscaled (on micro-batches where the optimizer does not step): migrate it by "
+                             "hand")
 
     def _steps_after(self, cs, cc: Carrier, o: str, why: str, depth: int = 0) -> list:
         """The steps of ``o`` after the call ``cs`` in its caller; where the caller only wraps the
@@ -514,7 +544,10 @@ class UseRewrites:
         func = u.func
         why = (f"the step of `{', '.join(sorted(names))}` after the scaled backward at line {u.line} is not in "
                f"`{func.qualname if func else 'module level'}`")
-        if func is not None and c.kind == "param" and all(n in func.positional or n in func.kwonly for n in names):
+        # the optimizer comes in as a parameter: its step is the callers' (whatever carries the
+        # scaler here: a parameter, or `self.scaler` of a trainer whose `train` calls
+        # `self._training_step(model, inputs, optimizer)` and steps after it)
+        if func is not None and all(n in func.positional or n in func.kwonly for n in names):
             self._steps_in_callers(u, c, names, why)
             return
         if func is None or func.cls is None or not func.is_method or not c.expr.startswith("self.") or not all(
