@@ -348,3 +348,66 @@ def test_migrated_project_file_is_no_worse_for_ruff(rel):
     width = max([88, *(len(line) for line in before.read_text().splitlines())])
     b, a = _ruff_findings(before, width), _ruff_findings(after, width)
     assert all(a[c] <= b.get(c, 0) for c in a), (rel, b, a)
+
+
+SYNC_BN_CHOICE = """\
+import argparse
+
+import apex
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--sync_bn", default="pytorch", choices=["pytorch", "apex"])
+args = parser.parse_args()
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+if args.sync_bn == "pytorch":
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+elif args.sync_bn == "apex":
+    # apex syncs per group
+    group = apex.parallel.create_syncbn_process_group(8)
+    model = apex.parallel.convert_syncbn_model(model, process_group=group)
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda"):
+    loss = model(torch.randn(2, 3, 8, 8)).sum()
+scaler.scale(loss).backward()
+"""
+
+
+def test_an_apex_choice_that_is_not_mixed_precision_is_not_routed_to_native_amp():
+    """`--sync_bn apex` beside native AMP chooses apex's SyncBatchNorm, not its mixed precision:
+    the dual-path planner leaves it (a second migrate of a migrated script changed it, saying
+    "--sync-bn apex now runs native AMP")."""
+    res = check_source(SYNC_BN_CHOICE.encode(), "x.py", all_rules(), Settings(), fix="safe")
+    out = res.fixed or SYNC_BN_CHOICE
+    assert 'elif args.sync_bn == "apex":' in out and "now runs native AMP" not in out
+
+
+CLIP_INSIDE_SCALE_LOSS = """\
+import torch
+from apex import amp
+
+model = torch.nn.Linear(4, 4).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for x, y in loader:
+    loss = ((model(x) - y) ** 2).mean()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+        torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_clip_inside_the_scale_loss_block_is_an_unsafe_fix_that_says_why():
+    """apex unscales when the block exits: a clip inside it never saw the true gradients. The
+    native rewrite clips the true ones (what the code meant), which changes the numbers: not a
+    safe fix; with --unsafe-fixes it is applied."""
+    safe = check_source(CLIP_INSIDE_SCALE_LOSS.encode(), "x.py", all_rules(), Settings(), fix="safe")
+    assert safe.fixed is None or "amp.scale_loss" in safe.fixed
+    amp = [d for d in safe.diagnostics if d.code == "AMP101"]
+    assert amp and all(d.fix == "unsafe" and "before apex unscaled the gradients" in (d.fix_description or "")
+                       for d in amp), [(d.fix, d.fix_description) for d in amp]
+    unsafe = check_source(CLIP_INSIDE_SCALE_LOSS.encode(), "x.py", all_rules(), Settings(), fix="unsafe").fixed
+    assert "from apex" not in unsafe and "scaler.scale(loss).backward()" in unsafe

@@ -156,9 +156,9 @@ class DualModule:
                         others.setdefault(d, set()).add(v)
         dests = self._argparse_dests()
         #: every expression compared with "apex" (a mode variable, an option)
-        self.compared = {d for d, values in others.items() if "apex" in values}
+        self.compared = {d for d, values in others.items() if "apex" in values and self._chooses_amp(d)}
         for d, values in others.items():
-            if "apex" in values:
+            if "apex" in values and d in self.compared:
                 natives = sorted(v for v in values if v != "apex" and "native" in v.lower())
                 natives = natives or sorted(v for v in values if v != "apex" and v)
                 parts = d.split(".")
@@ -178,6 +178,23 @@ class DualModule:
             parts = d.split(".")
             if len(parts) == 2 and parts[1] in dests:
                 self.cli[d.split(".")[1]] = (native, "value")
+
+    def _chooses_amp(self, d: str) -> bool:
+        """``d == "apex"`` picks apex's mixed precision, not another apex feature (``--sync-bn
+        apex`` picks apex's SyncBatchNorm): the name says so (amp, fp16, half, precision, mixed),
+        or a branch it guards uses apex.amp / apex.fp16_utils."""
+        last = d.split(".")[-1].lower()
+        if any(w in last for w in ("amp", "fp16", "half", "precision", "mixed")):
+            return True
+        for n in walk(self.m.tree, into_functions=True):
+            if not (isinstance(n, ast.If) and any(dotted(x) == d for x in walk(n.test))
+                    and any(string_value(x) == "apex" for x in walk(n.test))):
+                continue
+            for x in walk(n, into_functions=True):
+                if isinstance(x, (ast.Name, ast.Attribute)) and any(
+                        q.startswith(("apex.amp", "apex.fp16_utils")) for q in self.m.sem.qnames(x)):
+                    return True
+        return False
 
     def _argparse_dests(self) -> Dict[str, tuple]:
         """dest -> (action, default, choices) of the module's argparse options."""

@@ -71,6 +71,15 @@ class UseRewrites:
             raise Refuse(f"amp.scale_loss at line {u.line} binds something other than a name")
         body = w.body
         first = body[0]
+        clips = [x for y in body[1:] for x in walk(y) if isinstance(x, ast.Call)
+                 and "clip" in (dotted(x.func) or "").split(".")[-1].lower()]
+        if clips and not self.noscale:
+            # apex unscales when the block exits: a clip inside it saw the scaled gradients (O1)
+            # or the master gradients of the step before (O2), never the true ones
+            why = (f"the clip at line {clips[0].lineno} ran inside apex's scale_loss block, before apex unscaled "
+                   "the gradients, so it did not clip the true gradients; the migration clips the true ones, as the "
+                   "code meant: the numbers change")
+            self.g.unsafe = f"{self.g.unsafe}; {why}" if self.g.unsafe else why
         loss_code = code(loss)
         scaled = f"{scaler}.scale({loss_code})" if not self.noscale else loss_code
         if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
