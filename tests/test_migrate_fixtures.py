@@ -411,3 +411,36 @@ def test_a_clip_inside_the_scale_loss_block_is_an_unsafe_fix_that_says_why():
                        for d in amp), [(d.fix, d.fix_description) for d in amp]
     unsafe = check_source(CLIP_INSIDE_SCALE_LOSS.encode(), "x.py", all_rules(), Settings(), fix="unsafe").fixed
     assert "from apex" not in unsafe and "scaler.scale(loss).backward()" in unsafe
+
+
+LOOP_WITH_BOOKKEEPING_FIRST = """\
+import torch
+from apex import amp
+
+model = torch.nn.Linear(4, 4).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+for data in loader:
+    inputs, labels = data
+    n = inputs.shape[0]
+    pbar.update(n)
+    if n < batch_size:
+        continue
+    inputs = inputs.cuda(non_blocking=True)
+    optimizer.zero_grad()
+    outputs = model(inputs)
+    loss = ((outputs - labels) ** 2).mean() / n
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+"""
+
+
+def test_autocast_starts_at_the_forward_not_at_the_bookkeeping_before_it():
+    """A progress bar, a `continue` for a short batch and zero_grad between the data and the
+    forward stay outside the autocast region: it holds the forward pass and the loss."""
+    out = check_source(LOOP_WITH_BOOKKEEPING_FIRST.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
+    region = out[out.index("with torch.autocast("):out.index("scaler.scale(loss)")]
+    assert "outputs = model(inputs)" in region and "loss = " in region
+    for outside in ("pbar.update(n)", "continue", "zero_grad", "inputs.cuda"):
+        assert outside not in region, outside

@@ -260,6 +260,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
         if idx is None:
             return None, needed
         first = last = None
+        contrib = set()
         for j in range(idx - 1, -1, -1):
             s = block[j]
             if id(s) in barrier_ids or isinstance(s, (*DEFS, ast.Return)):
@@ -271,6 +272,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             got = assigned(s)
             if got & needed:
                 needed |= read(s)
+                contrib.add(j)
                 first = j
                 last = last if last is not None else j
         if first is not None:
@@ -279,7 +281,9 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 # from the first statement that uses a model (if one does)
                 using = [j for j in range(first, last + 1) if read(block[j]) & models]
                 start = using[0] if using else first
-            while start < last and is_prep(block[start], set(models)):
+            # nor input preparation, nor what the loss does not come from (a progress bar, a
+            # `continue` for a short batch, zero_grad) at the start
+            while start < last and (is_prep(block[start], set(models)) or start not in contrib):
                 start += 1
             resolved = set()
             for s in block[first:last + 1]:
