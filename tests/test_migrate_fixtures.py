@@ -444,3 +444,32 @@ def test_autocast_starts_at_the_forward_not_at_the_bookkeeping_before_it():
     assert "outputs = model(inputs)" in region and "loss = " in region
     for outside in ("pbar.update(n)", "continue", "zero_grad", "inputs.cuda"):
         assert outside not in region, outside
+
+
+ORDERING_NOTES = """\
+import torch
+from apex import amp
+
+model = torch.nn.Linear(4, 4).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+if fp16:
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+# multi-gpu training (should be after apex fp16 initialization)
+if n_gpu > 1:
+    model = torch.nn.DataParallel(model)
+for x, y in loader:
+    # forward (must come after apex initialization)
+    loss = ((model(x) - y) ** 2).mean()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_comment_about_where_apex_initialize_must_come_loses_that_parenthesis():
+    """`# multi-gpu training (should be after apex fp16 initialization)` (Hugging Face's example
+    scripts and their copies): the parenthesis goes with the initialize, the rest stays, also on
+    a line the autocast region moves."""
+    out = check_source(ORDERING_NOTES.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
+    assert "# multi-gpu training\n" in out and "    # forward\n" in out and "apex" not in out, out

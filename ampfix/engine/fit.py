@@ -149,7 +149,7 @@ def _pairs(stmt: str) -> List[Tuple[int, int]]:
 
 def _top_commas(inner: str) -> Optional[List[str]]:
     depth = 0
-    parts, cur = [], []
+    parts = []
     try:
         toks = list(tokenize.generate_tokens(io.StringIO(inner).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):

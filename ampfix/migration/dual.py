@@ -12,8 +12,9 @@ one:
   (``version.parse(torch.__version__) < version.parse("1.6")``, where Hugging Face's Trainer
   of 2020 and its copies fall back to apex) has its value on the torch that native AMP needs,
   and a module-level flag that such code settles (``_use_apex = False`` / ``_use_native_amp =
-  True``) has the value it ends with, in the functions that read it; a command-line selector that could say ``"apex"`` is
-  rewritten right after the arguments are parsed (``if args.amp_impl == "apex": print(...);
+  True``) has the value it ends with, in the functions that read it; a command-line selector
+  that could say ``"apex"`` (for mixed precision: ``--sync-bn apex`` is not one) is rewritten
+  right after the arguments are parsed (``if args.amp_impl == "apex": print(...);
   args.amp_impl = "native"``: the old value keeps working, and says so once); a variable
   compared with ``"apex"`` whose every ``= "apex"`` lies in code that can no longer run never
   equals it;
@@ -274,8 +275,9 @@ class DualModule:
             for n in walk(self.m.tree, into_functions=True):
                 if id(n) in self.dead:
                     continue
-                if isinstance(n, ast.If):
+                if isinstance(n, (ast.If, ast.Assert)):
                     self._in_function = self.m.function_of(n) is not None
+                if isinstance(n, ast.If):
                     v = self._value(n.test)
                     if v is None and self._restates_the_if_before(n):
                         v = False
@@ -397,6 +399,12 @@ class DualModule:
         self._drop_flags(fc)
         fc.removes.extend(apex_import_specs(m))
         fc.removes.extend(self._imports_read_only_in_dead_code())
+        # `# Multi-gpu training (should be after apex fp16 initialization)`, where an initialize went
+        for n in walk(m.tree, into_functions=True):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    id(x) in self.dead and "initialize" in (dotted(x) or "") for x in walk(n)
+                    if isinstance(x, ast.Attribute)):
+                fc.drop_ordering_notes(n.lineno, n.end_lineno)
         g.description = "the apex path goes: every apex choice now takes the native AMP path"
         notes = []
         if self.cli:

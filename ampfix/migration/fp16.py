@@ -121,7 +121,7 @@ class Fp16Plan(Rewriter):
             targets.add(dotted(st.targets[0]))
         if len(targets) != 1:
             raise Refuse("FP16_Optimizer is assigned to several names: migrate it by hand")
-        self.opt = opt = targets.pop()
+        self.opt = targets.pop()
         func = m.function_of(calls[0])
         if any(m.function_of(c) is not func for c in calls):
             raise Refuse("the FP16_Optimizers of this module are made in different functions")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -10,6 +11,9 @@ from ampfix.model.edits import Builder, Conflict, Edit, house_quote, requote
 from ampfix.rule import ImportSpec
 from ampfix.engine.tidy import Remover, apex_comment_above
 from ampfix.model.semantic import block_of
+
+#: a parenthesis in a comment about where apex's initialize must come
+_ORDERING_NOTE = re.compile(r"\s*\([^()]*\bapex\b[^()]*initiali[sz][^()]*\)", re.IGNORECASE)
 
 
 class Refuse(Exception):
@@ -77,6 +81,20 @@ class FileChanges:
         first = apex_comment_above(self.src, line)
         if first is not None:
             self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[line - 1], ""))
+
+    def drop_ordering_notes(self, first: int, last: int) -> None:
+        """``# multi-gpu training (should be after apex fp16 initialization)`` on the comment lines
+        first..last: once apex's initialize is gone the parenthesis speaks of code that is not
+        there; it goes, the rest of the comment stays (Hugging Face's example scripts and their
+        many copies carry two of these)."""
+        for no in range(first, last + 1):
+            text = self.src.line_text(no)
+            if "apex" not in text.lower() or not text.lstrip().startswith("#"):
+                continue
+            m = _ORDERING_NOTE.search(text)
+            if m:
+                at = self.src.starts[no - 1]
+                self.edits.append(Edit(at + m.start(), at + m.end(), ""))
 
     def drop_stale_comment(self, stmt, words: Sequence[str]) -> None:
         """The comment at the end of ``stmt``'s last line goes when it speaks of what the rewrite

@@ -21,7 +21,7 @@ def plan(project) -> Dict[str, FilePlan]:
     dual = DualPlanner(project)
     try:
         groups.extend(dual.groups())
-    except Exception as exc:  # a planner bug: nothing of it, the others go on
+    except Exception:  # a planner bug: nothing of it, the others go on
         dual.dead = set()
     project.skip = dual.dead
     for planner in (AmpPlanner, Fp16Planner, FunctionApiPlanner):

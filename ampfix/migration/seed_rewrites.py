@@ -8,9 +8,9 @@ from typing import List, Optional, Set, Tuple
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, assigned_in, code_body, guards, read, stmt_of, terminates,
+    ancestors_stmts, assigned_in, code_body, guards, read, stmt_of, terminates,
 )
-from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, scaler_call
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
@@ -78,6 +78,8 @@ class SeedRewrites:
             said = " ".join(code(y) for y in x.body).lower()
             if "apex" in said and ("install" in said or "nvidia/apex" in said):
                 self.fc(s.module).remove(x)
+        lo, hi = (s.unit.lineno, s.unit.end_lineno) if s.func is not None else (1, s.module.src.line_count)
+        self.fc(s.module).drop_ordering_notes(lo, hi)
 
     def _initialize_goes(self, s: Seed) -> None:
         """The initialize statement goes; its targets get its arguments where they differ."""
@@ -316,7 +318,6 @@ class SeedRewrites:
             enabled, notes, scaler_args, pure = self._options(s)
         self.notes |= notes
         m = s.module
-        code = m.src.code
         fc = self.fc(m)
         if pure and self.bf16:
             raise Refuse("opt_level O3 is pure float16: with --dtype bfloat16 convert the model by hand "
@@ -733,6 +734,7 @@ class SeedRewrites:
 
 
 _DYNAMIC_VALUES = (None, 0, "dynamic")
+
 
 
 def loss_scale_choice(ls, code) -> Tuple[Optional[str], Optional[str]]:

@@ -12,7 +12,7 @@ from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
-from ampfix.migration.spell import autocast_call, bf16
+from ampfix.migration.spell import autocast_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
