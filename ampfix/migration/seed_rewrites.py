@@ -279,9 +279,11 @@ class SeedRewrites:
         if not names or len(names) > 1:
             return None
         name = next(iter(names))
-        binds = [x for x in walk(unit, into_functions=False) if isinstance(x, ast.stmt) and x is not unit
-                 and name in assigned_in([x]) and not any(isinstance(y, ast.stmt) and y is not x and
-                                                           name in assigned_in([y]) for y in _children(x))]
+        # every place that binds the name (a parameter binds it on entry)
+        binds = [x for x in walk(unit) if isinstance(x, ast.Name) and x.id == name
+                 and isinstance(x.ctx, (ast.Store, ast.Del))]
+        if name in s.func.positional or name in s.func.kwonly:
+            return None
         for a in [stmt, *chain]:
             if isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.Try)) or isinstance(a, DEFS):
                 return None
@@ -290,7 +292,8 @@ class SeedRewrites:
             made = [x for x in block[:i] if name in assigned_in([x])]
             if not made:
                 continue
-            ok = all(b is stmt or any(b is y or any(b is z for z in walk(y)) for y in block[:i]) for b in binds)
+            inside = {id(z) for y in [*block[:i], stmt] for z in walk(y)}
+            ok = all(id(b) in inside for b in binds)
             return a if ok else None
         return None
 
@@ -789,10 +792,3 @@ def _restates(test, value, code, negated: bool = False) -> bool:
                     not isinstance(y.value, bool):
                 return True
     return False
-
-
-def _children(x):
-    for n in ast.walk(x):
-        if n is not x:
-            yield n
-
