@@ -43,10 +43,28 @@ from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, SCALER_KINDS, Seed, 
 
 
 
+def _guards_only(u: Use, s: Seed) -> bool:
+    """``if amp:`` / ``if amp is not None:`` whose whole body is the seed's initialize."""
+    node = u.node
+    p = getattr(node, "_p", None)
+    if isinstance(p, ast.Compare) and p.left is node and len(p.ops) == 1 and isinstance(p.ops[0], ast.IsNot) and \
+            is_const(p.comparators[0], None):
+        node, p = p, getattr(p, "_p", None)
+    return isinstance(p, ast.If) and p.test is node and len(p.body) == 1 and p.body[0] is s.stmt and not p.orelse
+
+
+def _last_param(f, name: Optional[str]) -> bool:
+    """``name`` is the def's last parameter, with nothing after it (so it can go)."""
+    a = f.node.args
+    return bool(name) and not (a.vararg or a.kwonlyargs or a.kwarg) and bool(a.args) and a.args[-1].arg == name
+
+
 class AmpPlanner:
     def __init__(self, project) -> None:
         self.p = project
         self.s = project.settings
+        #: (id of a def, parameter) that apex's amp was handed in and that goes with the migration
+        self.dropped_params: Set[Tuple[int, str]] = set()
 
     # -- collecting ----------------------------------------------------------------------------
     def groups(self) -> List[Group]:
@@ -143,6 +161,11 @@ class AmpPlanner:
                              "here now"))
         unattached = []
         for u, c in need:
+            if u.kind == "seed_guard":
+                g = by_root[find(u.seed.idx)]
+                g.needs.append((u, None))
+                g.add_use(u.module.path, u.node)
+                continue
             if c is not None and not c.seeds:
                 unattached.append((u, c))
                 continue
@@ -216,7 +239,15 @@ class AmpPlanner:
             if s.idx in bad or f is None or s.use.kind != "initialize" or not isinstance(s.stmt, ast.Assign):
                 out.append(s)
                 continue
-            if any(u.func is f and u.kind in SCALER_KINDS for u in uses):
+            alias = Solver.alias_of(f)
+            mine = [u for u in uses if u.func is f and u.kind in SCALER_KINDS]
+            if any(u.kind == "" and not (alias and isinstance(u.node, ast.Name) and u.node.id == alias) for u in mine):
+                out.append(s)
+                continue
+            guards = [u for u in mine if u.kind == "" and _guards_only(u, s)]
+            drop = bool(guards) and len(guards) == len(mine) and _last_param(f, alias)
+            own = set() if drop else {u.kind for u in mine}
+            if own - {"state_dict", "load_state_dict", ""}:
                 out.append(s)
                 continue
             returned = returned_names(f)
@@ -248,6 +279,9 @@ class AmpPlanner:
                     nxt += 1
                     v.module, v.func, v.stmt, v.call = cs.module, cs.caller, st, cs.node
                     v.exported_from = (s, cs, telts, returned)
+                    # the setup also saves or loads apex's state: the scaler is made before the
+                    # call and handed to it, so its options may only read the call's arguments
+                    v.before_call = bool(own)
                     v.models = telts[returned.index(targets[0])] if targets[0] in returned else None
                     opt_target = targets[1] if len(targets) > 1 else None
                     passed = cs.argument(param_of(s, f, "optimizers", 1)) if opt_target else None
@@ -260,6 +294,13 @@ class AmpPlanner:
                 continue
             s.exported = True
             s.moved_to = [v.idx for v in virtual]
+            if drop:
+                # `if amp: model, optimizer = amp.initialize(...)` was all the setup did with the
+                # amp it was handed: the test goes with the initialize, the parameter with both
+                for u in guards:
+                    u.kind = "seed_guard"
+                    u.seed = s
+                self.dropped_params.add((id(f.node), alias))
             out.append(s)
             out.extend(virtual)
         return out
@@ -474,6 +515,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.reads_after_calls: List[tuple] = []
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
+        self.params_gone: Set[int] = set()  # defs whose apex-amp parameter goes
+        self.nones_gone: Set[int] = set()  # `else: amp = None` beside a caller's apex import, removed
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:
@@ -531,6 +574,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 self._private_scale(u)
             elif u.kind == "":
                 self._bare(u, c)
+            elif u.kind == "seed_guard":
+                self._param_goes(u)
             elif u.kind == "check":
                 st = availability_check(u.node)
                 if id(st) not in self.fc(u.module).touched:

@@ -139,9 +139,14 @@ class FileChanges:
                 for st in self._filled:
                     owner, field, _ = block_of(st)
                     filled.add((id(owner), field))
-                removals = Remover(self.src, self.module.sem, self.b).remove(self.removed, filled, self.described)
+                remover = Remover(self.src, self.module.sem, self.b)
+                removals = remover.remove(self.removed, filled, self.described)
             except Conflict as exc:
                 raise Refuse(str(exc)) from None
+            # a rewrite inside a statement that goes whole (`if amp:` around an initialize that
+            # went, its test rewritten too) goes with it
+            spans = [self.b.span(st) for st in remover.gone.values()]
+            edits = [e for e in edits if e.start == e.end or not any(a <= e.start and e.end <= b for a, b in spans)]
             points = sorted(at for at, _ in self._inserts)
             for r in removals:
                 # a removal that also takes the blank lines above its statement stops where

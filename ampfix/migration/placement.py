@@ -41,7 +41,8 @@ class Solver:
         return None
 
     def _solve(self, module, func) -> Optional[Carrier]:
-        own = [s for s in self.seeds if s.training and s.module is module and s.func is func]
+        own = [s for s in self.seeds if s.training and s.module is module and s.func is func
+               and not getattr(s, "exported", False)]
         if own:
             # a seed in a method keeps the scaler on self, for the other methods of the class
             expr = "self." + self.name if func is not None and func.is_method else self.name
@@ -100,9 +101,25 @@ class Solver:
                 return self.fail(module, func, f"`{func.qualname}` is also called from `{where}` ({s.module.path} "
                                                f"line {s.node.lineno}), where no amp.initialize comes first")
             seeds |= c.seeds
+        alias = self._alias(module, func)
         if self.name in func.positional or self.name in func.kwonly:
             return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
-        return Carrier("param", seeds, self.name, sites)
+        c = Carrier("param", seeds, self.name, sites)
+        c.rename = alias
+        return c
+
+    @staticmethod
+    def _alias(module, func) -> Optional[str]:
+        return Solver.alias_of(func)
+
+    @staticmethod
+    def alias_of(func) -> Optional[str]:
+        """The parameter that is apex's amp handed in (``def prepare(args, model, amp)``): it
+        becomes the scaler's parameter."""
+        from ampfix.model.apex import param_aliases
+
+        hit = [name for (k, name) in param_aliases(func.module.sem) if k == id(func.node)]
+        return hit[0] if hit else None
 
     def _via_init(self, module, func) -> Optional[Carrier]:
         init = self.p.method(module, func.cls, "__init__")
@@ -165,9 +182,15 @@ class CarrierRewrites:
                 todo.append(cc)
                 f = cs.callee
                 k = id(f.node)
+                rename = getattr(c, "rename", None)
                 if k not in self.param_added:
                     self.param_added.add(k)
-                    self._add_param(f)
+                    if rename:
+                        self._rename_param(f, rename)
+                    else:
+                        self._add_param(f)
+                if rename and cs.argument(rename) is not None:
+                    continue  # the argument is apex's amp: its own rewrite passes the scaler
                 self._pass(cs, cc.expr)
 
     def _keep_in_init(self, init) -> None:
@@ -187,6 +210,16 @@ class CarrierRewrites:
             fc.insert_before(body[i], [line])
         else:
             fc.insert_after(body[-1], [line])
+
+    def _rename_param(self, f, old: str) -> None:
+        """``def prepare(args, model, amp)`` -> ``def prepare(args, model, scaler)``: apex's amp
+        handed in becomes the scaler; every read of it is an apex use, rewritten on its own."""
+        a = f.node.args
+        p = next(x for x in [*getattr(a, "posonlyargs", []), *a.args, *a.kwonlyargs] if x.arg == old)
+        fc = self.fc(f.module)
+        src = f.module.src
+        at = src.offset(p.lineno, p.col_offset)
+        fc.edits.append(fc.b.replace_range(at, at + len(old), self.name))
 
     def _add_param(self, f) -> None:
         add_keyword_param(self.fc(f.module), f, self.name)

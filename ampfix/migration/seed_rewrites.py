@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
+from ampfix.model.apex import apex_value_condition
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
@@ -312,7 +313,55 @@ class SeedRewrites:
         folded = [gd for gd in gs if not terminates(gd.orelse)]
         enabled = fold_conditions(orig.module, around, folded, negated, enabled)
         mapped = [substitute(x, orig, cs) for x in [enabled, *scaler_args]]
-        return mapped[0], notes, mapped[1:], pure
+        return self._apex_values_tested(mapped[0], cs), notes, mapped[1:], pure
+
+    def _apex_values_tested(self, text: str, cs) -> str:
+        """``bool(amp)`` in a caller where ``amp`` is apex's amp under ``if args.fp16:`` and None
+        otherwise: ``bool(args.fp16)`` (nothing reads the caller's amp after the migration)."""
+        if cs.caller is None:
+            return text
+        tree = ast.parse(text, mode="eval")
+        sem = cs.module.sem
+
+        class Sub(ast.NodeTransformer):
+            def visit_Name(self, node):
+                scope = sem.scope_for(cs.caller.node)
+                bs = scope.bindings.get(node.id, []) if scope is not None else []
+                if not any(b.kind == "import" and (b.qname or "").startswith("apex") for b in bs):
+                    return node
+                test = apex_value_condition(sem, cs.caller.node, node.id)
+                if test is None:
+                    raise Refuse(f"`{node.id}` in `{cs.caller.qualname}` is apex's amp or something else; the "
+                                 f"scaler's enabled= cannot be said without it: make the scaler by hand")
+                tested.append(node.id)
+                return ast.parse(cs.module.src.code(test), mode="eval").body
+
+        tested: List[str] = []
+        out = ast.unparse(Sub().visit(tree))
+        for name in tested:
+            self._apex_none_goes(cs, name)
+        return out
+
+    def _apex_none_goes(self, cs, name: str) -> None:
+        """``else: amp = None`` beside ``from apex import amp`` in the caller goes once every read of
+        ``amp`` there is one of this migration's uses (the import goes with the tidy)."""
+        sem = cs.module.sem
+        scope = sem.scope_for(cs.caller.node)
+        mine = {id(n) for n in self.g.uses.get(cs.module.path, ())}
+        reads = [n for n in walk(cs.caller.node, into_functions=True) if isinstance(n, ast.Name) and n.id == name
+                 and isinstance(n.ctx, ast.Load) and sem.resolve(name, sem.scope_of(n)) is scope]
+        for n in reads:
+            while id(n) not in mine and isinstance(getattr(n, "_p", None), ast.Attribute) and n._p.value is n:
+                n = n._p
+            if id(n) not in mine:
+                return
+        for b in scope.bindings.get(name, []):
+            st = b.node
+            while not isinstance(st, ast.stmt):
+                st = getattr(st, "_p", None)
+            if b.kind == "assign" and id(st) not in self.nones_gone:
+                self.nones_gone.add(id(st))
+                self.fc(cs.module).remove(st)
 
     def _training_seed(self, s: Seed) -> None:
         if getattr(s, "exported_from", None) is not None:
@@ -350,7 +399,9 @@ class SeedRewrites:
                                  "make the scaler by hand")
                 return
             done[key] = made
-            if made:
+            if made and getattr(s, "before_call", False):
+                fc.insert_before(s.stmt, [made])
+            elif made:
                 fc.insert_after(s.stmt, [made])
             if target.startswith("self."):
                 self._default_in_init(s)

@@ -7,7 +7,8 @@ import ast
 from types import SimpleNamespace
 from typing import Optional, Set
 
-from ampfix.model.analysis import arg, kwargs, method_call, receiver
+from ampfix.model.analysis import arg, is_const, kwargs, method_call, receiver
+from ampfix.model.apex import param_aliases, param_may_be_none
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
@@ -888,6 +889,40 @@ class UseRewrites:
         f = dotted(st.value.func) or ""
         return f == "print" or f.rsplit(".", 1)[-1] in ("debug", "info", "warning", "warn", "error", "log")
 
+    @staticmethod
+    def _as_test(u: Use):
+        """(the expression, negated) when a bare apex.amp is a parameter tested for being given:
+        ``amp``, ``not amp``, ``amp is None``, ``amp is not None`` in an ``if``/``while``/``assert``
+        test, a boolean operation or a conditional expression."""
+        m = u.module
+        bs = m.sem.bindings_of(u.node) if isinstance(u.node, ast.Name) else []
+        if not bs or any(b.kind != "param" for b in bs):
+            return None
+        node, negated = u.node, False
+        p = getattr(node, "_p", None)
+        if isinstance(p, ast.Compare) and len(p.ops) == 1 and p.left is node and \
+                isinstance(p.ops[0], (ast.Is, ast.IsNot)) and is_const(p.comparators[0], None):
+            node, negated = p, isinstance(p.ops[0], ast.Is)
+            p = getattr(node, "_p", None)
+        if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
+            node, negated = p, not negated
+            p = getattr(node, "_p", None)
+        while isinstance(p, ast.BoolOp):
+            p = getattr(p, "_p", None)
+        if isinstance(p, (ast.If, ast.While, ast.IfExp, ast.Assert)) and any(n is node for n in [p.test, *walk(p.test)]):
+            return node, negated
+        return None
+
+    def _param_goes(self, u: Use) -> None:
+        """The setup's parameter that apex's amp was handed in goes (its test went with the
+        initialize); each call's argument for it goes in :meth:`_bare`."""
+        f = u.seed.func
+        if id(f.node) in self.params_gone:
+            return
+        self.params_gone.add(id(f.node))
+        fc = self.fc(f.module)
+        fc.edits.append(fc.b.remove_last_param(f.node))
+
     def _bare(self, u: Use, c: Carrier) -> None:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
@@ -896,7 +931,36 @@ class UseRewrites:
             raise Refuse(f"`apex.amp` is handed over as a value at line {u.line}; with bfloat16 there is no scaler to "
                          "hand over: migrate it by hand")
         if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
+            call = getattr(p, "_p", None) if isinstance(p, ast.keyword) else p
+            f, _ = self.p.resolve(u.module, call.func) if isinstance(call, ast.Call) else (None, False)
+            if f is not None and any((id(f.node), name) in self.planner.dropped_params
+                                     for name in ([p.arg] if isinstance(p, ast.keyword) else
+                                                  [f.positional[call.args.index(u.node)]]
+                                                  if call.args.index(u.node) < len(f.positional) else [])):
+                fc = self.fc(u.module)
+                fc.edits.append(fc.b.remove_arg(call, p if isinstance(p, ast.keyword) else u.node))
+                return
+            if isinstance(p, ast.keyword) and f is not None and p.arg != c.expr and \
+                    (id(f.node), p.arg) in param_aliases(f.module.sem):
+                # `prepare(args, model, amp=amp)`: the parameter is the scaler's now
+                self.fc(u.module).replace(p, f"{self.name}={c.expr}")
+                return
             self.fc(u.module).replace(u.node, c.expr)
+            return
+        test = self._as_test(u)
+        if test is not None:
+            # `if amp:` / `if amp is not None:` where amp is apex's amp handed in, or None
+            node, negated = test
+            text = f"{'not ' if negated else ''}{c.expr}.is_enabled()"
+            b = u.module.sem.bindings_of(u.node)[0]
+            if param_may_be_none(u.module.sem, b.scope.node, u.node.id):
+                # some call hands it None (apex off), as before
+                text = f"{c.expr} is None or not {c.expr}.is_enabled()" if negated else \
+                    f"{c.expr} is not None and {c.expr}.is_enabled()"
+                top = getattr(node, "_p", None)
+                if not (isinstance(top, (ast.If, ast.While, ast.Assert)) and top.test is node):
+                    text = f"({text})"
+            self.fc(u.module).replace(node, text)
             return
         if isinstance(p, ast.Assign) and p.value is u.node and len(p.targets) == 1 and u.func is not None:
             # `self.amp = amp`: every use of `self.amp` in the class is an apex use rewritten with

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.semantic import walk
 
@@ -136,4 +136,157 @@ def _through_alias(node: ast.Attribute, aliases) -> Optional[str]:
 
 def apex_qname(sem, node) -> Optional[str]:
     names = sorted(q for q in sem.qnames(node) if q == "apex" or q.startswith("apex."))
-    return canonical(names[0]) if names else None
+    if names:
+        return canonical(names[0])
+    return _param_qname(sem, node, param_aliases(sem))
+
+
+def _param_qname(sem, node, aliases) -> Optional[str]:
+    """``amp.scale_loss`` where ``amp`` is a parameter in ``aliases``: ``apex.amp.scale_loss``."""
+    if not aliases:
+        return None
+    if isinstance(node, ast.Call):
+        node = node.func
+    base = node
+    while isinstance(base, ast.Attribute):
+        base = base.value
+    if not isinstance(base, ast.Name):
+        return None
+    bs = sem.bindings_of(base)
+    if not bs or any(b.kind != "param" for b in bs):
+        return None
+    q = aliases.get((id(bs[0].scope.node), base.id))
+    return q + dotted_rest(node, base) if q else None
+
+
+def dotted_rest(node, base) -> str:
+    parts = []
+    while node is not base:
+        parts.append(node.attr)
+        node = node.value
+    return "".join("." + p for p in reversed(parts))
+
+
+#: what a function must read from a parameter for it to be apex's amp handed in
+_AMP_API = frozenset({"initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "init"})
+
+
+def param_aliases(sem) -> Dict[Tuple[int, str], str]:
+    """apex's amp handed to a function as an argument (``prepare(args, model, amp=amp)``, where
+    the caller's ``amp`` is ``from apex import amp`` or ``None``): (id of the function, parameter)
+    -> ``apex.amp`` when every call of the function in the module passes apex's amp or None for
+    that parameter (at least one passes amp), the function is used only by those calls, never
+    rebinds the parameter, and reads amp's API from it.  Followed down a chain of such calls."""
+    cached = sem.__dict__.get("_apex_params")
+    if cached is not None:
+        return cached
+    sem._apex_params = {}
+    sem._apex_params_none = set()
+    funcs = [f for f in walk(sem.tree, into_functions=True) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    candidates = []
+    for f in funcs:
+        scope = sem.scope_for(f)
+        if scope is None or sem.scope_of(f).kind == "class":
+            continue
+        params = [a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs]
+        read = {n.value.id for n in walk(f) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.attr in _AMP_API}
+        for name in params:
+            if name in read and [b.kind for b in scope.bindings.get(name, ())] == ["param"]:
+                candidates.append((f, name))
+    if not candidates:
+        return sem._apex_params
+    calls: Dict[int, List[ast.Call]] = {}
+    others: Set[int] = set()
+    ids = {id(f) for f, _ in candidates}
+    for n in walk(sem.tree, into_functions=True):
+        if not isinstance(n, ast.Name) or not isinstance(n.ctx, ast.Load):
+            continue
+        hit = [b.node for b in sem.bindings_of(n) if b.kind == "def" and id(b.node) in ids]
+        if not hit:
+            continue
+        p = getattr(n, "_p", None)
+        if isinstance(p, ast.Call) and p.func is n:
+            calls.setdefault(id(hit[0]), []).append(p)
+        else:
+            others.add(id(hit[0]))
+    aliases: Dict[Tuple[int, str], str] = {}
+    for _ in range(4):  # a chain of helpers: main -> train(amp) -> prepare(amp)
+        found = {}
+        for f, name in candidates:
+            sites = calls.get(id(f), [])
+            if not sites or id(f) in others:
+                continue
+            kinds = [_passed(sem, f, name, c, aliases) for c in sites]
+            if all(k in ("apex.amp", "None") for k in kinds) and "apex.amp" in kinds:
+                found[(id(f), name)] = "apex.amp"
+                if "None" in kinds:
+                    sem._apex_params_none.add((id(f), name))
+        if found == aliases:
+            break
+        aliases = found
+    sem._apex_params = aliases
+    return aliases
+
+
+def param_may_be_none(sem, func_node, name: str) -> bool:
+    """Whether a call hands the parameter None (or leaves it to a None default)."""
+    param_aliases(sem)
+    a = func_node.args
+    positional = [*a.posonlyargs, *a.args]
+    defaults = dict(zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults))
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    d = defaults.get(name)
+    return (id(func_node), name) in sem._apex_params_none or (isinstance(d, ast.Constant) and d.value is None)
+
+
+def _passed(sem, f, name: str, call: ast.Call, aliases) -> Optional[str]:
+    """What ``call`` hands ``f``'s parameter ``name``: ``apex.amp``, ``None`` or None (anything else)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    positional = [a.arg for a in f.args.posonlyargs + f.args.args]
+    arg = next((k.value for k in call.keywords if k.arg == name), None)
+    if arg is None and name in positional and positional.index(name) < len(call.args):
+        arg = call.args[positional.index(name)]
+    if arg is None:  # the default
+        defaults = dict(zip(positional[len(positional) - len(f.args.defaults):], f.args.defaults))
+        defaults.update({a.arg: d for a, d in zip(f.args.kwonlyargs, f.args.kw_defaults) if d is not None})
+        arg = defaults.get(name)
+    if isinstance(arg, ast.Constant) and arg.value is None:
+        return "None"
+    if not isinstance(arg, (ast.Name, ast.Attribute)):
+        return None
+    names = sorted(q for q in sem.qnames(arg) if q == "apex" or q.startswith("apex."))
+    q = canonical(names[0]) if names else _param_qname(sem, arg, aliases)
+    return q if q == "apex.amp" else None
+
+
+def apex_value_condition(sem, func_node, name: str) -> Optional[ast.expr]:
+    """Where ``name`` in the function ``func_node`` is apex's amp exactly when a test holds
+    (``if args.fp16: from apex import amp`` / ``else: amp = None``, the import perhaps in a
+    ``try`` whose ``except ImportError`` raises): that test; None for any other binding."""
+    scope = sem.scope_for(func_node)
+    bs = scope.bindings.get(name, []) if scope is not None else []
+    imports = [b for b in bs if b.kind == "import" and b.qname == "apex.amp"]
+    nones = [b for b in bs if b.kind == "assign" and isinstance(b.value, ast.Constant) and b.value.value is None]
+    if len(imports) != 1 or len(nones) != 1 or len(bs) != 2:
+        return None
+    imp, none = imports[0].node, nones[0].node
+    while not isinstance(imp, ast.stmt):
+        imp = getattr(imp, "_p", None)
+    while not isinstance(none, ast.stmt):
+        none = getattr(none, "_p", None)
+    node = getattr(imp, "_p", None)
+    while node is not None and node is not func_node:
+        if isinstance(node, ast.If):
+            body = {id(x) for s in node.body for x in [s, *walk(s)]}
+            if id(imp) in body and any(x is none for x in node.orelse):
+                return node.test
+            return None
+        if isinstance(node, ast.Try):
+            if not all(any(isinstance(x, ast.Raise) for x in h.body) for h in node.handlers):
+                return None  # `except ImportError: amp = None`: whether apex is installed
+        elif not isinstance(node, ast.stmt):
+            return None
+        node = getattr(node, "_p", None)
+    return None

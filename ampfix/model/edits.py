@@ -206,7 +206,8 @@ class Builder:
         a, b = self.lines_span(stmt)
         return Edit(a, b, self.statements(lines, self.indent(stmt)))
 
-    def remove_statement(self, stmt, from_line: Optional[int] = None, run_end: Optional[int] = None) -> Edit:
+    def remove_statement(self, stmt, from_line: Optional[int] = None, run_end: Optional[int] = None,
+                         heads: bool = False) -> Edit:
         """Remove a statement's lines (from ``from_line`` when given: comment lines above it
         that go too) and the blank lines right above them (as a statement's leading blank lines
         go with it), so that no gap is left doubled.  ``run_end``: the last line of the run of
@@ -216,6 +217,14 @@ class Builder:
         first = from_line or self.first_line(stmt)
         a = min(a, src.starts[first - 1])
         after = (run_end or stmt.end_lineno) + 1
+        if heads:
+            # the run opened its block (right under `def ...:`): the blank lines after it go, so
+            # that the block does not start with one
+            while after <= src.line_count and not src.line_text(after).strip() and after < src.line_count:
+                after += 1
+            if run_end is not None and after > run_end + 1:
+                b = src.starts[after - 1]
+            return Edit(a, b, "")
         if after <= src.line_count and not src.line_text(after).strip():
             # a blank line follows: the blank lines above go too (else they would pile up); with
             # code right after, they stay and keep the paragraphs apart
@@ -289,6 +298,23 @@ class Builder:
         if j < 0:
             raise Conflict(f"line {fn.lineno}: no '(' after the name")
         return j + 1
+
+    def remove_last_param(self, fn) -> Edit:
+        """Remove a def's last parameter (with its default) and the comma before it."""
+        a = fn.args
+        items = [*getattr(a, "posonlyargs", []), *a.args]
+        last = items[-1]
+        end = self.span(last)[1]
+        default = a.defaults[-1] if a.defaults else None
+        if default is not None:
+            end = max(end, self.span(default)[1])
+        if len(items) == 1:
+            return Edit(self.open_paren_def(fn), end, "")
+        prev = items[-2]
+        start = self.span(prev)[1]
+        if len(a.defaults) >= 2:
+            start = max(start, self.span(a.defaults[-2])[1])
+        return Edit(start, end, "")
 
     def args_of(self, call) -> List[ast.AST]:
         return sorted([*call.args, *call.keywords], key=lambda n: (n.lineno, n.col_offset))
