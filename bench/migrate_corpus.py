@@ -57,6 +57,21 @@ def unused_scalers(text: str) -> list:
                     if unit is tree or not any(isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) and
                                                x is not unit and n in ast.walk(x) for x in ast.walk(unit)):
                         out.append(n.lineno)
+    # a scaler made and, right after, made again in its place: the first one is dead, and the
+    # second decides alone whether AMP runs (two initialize calls in the branches of an if)
+    def made(st):
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.value, ast.Call) and \
+                ast.unparse(st.value.func).endswith("GradScaler"):
+            return ast.unparse(st.targets[0])
+        return None
+
+    for n in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(n, field, None)
+            if isinstance(block, list):
+                for a, b in zip(block, block[1:]):
+                    if made(a) is not None and made(a) == made(b):
+                        out.append(a.lineno)
     return sorted(set(out))
 
 

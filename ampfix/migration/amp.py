@@ -107,6 +107,11 @@ class AmpPlanner:
             elif u.kind not in ("initialize", "init"):
                 need.append((u, None))
         seeds, solver, need = self._switched(seeds, need, solver, bad_seeds, name)
+        # a function that only some callers reach with a scaler may only save or load its state
+        for i, (u, c) in enumerate(need):
+            if c is not None and getattr(c, "optional", None) and u.kind not in ("state_dict", "load_state_dict"):
+                solver.why.setdefault(Solver.key(u.module, u.func), c.optional)
+                need[i] = (u, None)
         # union the seeds that share a function
         parent = {s.idx: s.idx for s in seeds}
 
@@ -515,6 +520,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.reads_after_calls: List[tuple] = []
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
+        self.made_before: Dict[tuple, dict] = {}  # (path, id of the statement, target) -> the scaler made there
+        self.guarded: Set[int] = set()  # ifs that got `scaler is not None and` first
         self.params_gone: Set[int] = set()  # defs whose apex-amp parameter goes
         self.nones_gone: Set[int] = set()  # `else: amp = None` beside a caller's apex import, removed
 

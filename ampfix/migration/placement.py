@@ -94,18 +94,29 @@ class Solver:
             c.entry = func
             return c
         seeds: Set[int] = set()
+        good, missing = [], None
         for s in sites:
             c = self.solve(s.module, s.caller)
             if c is None:
                 where = f"{s.caller.qualname}" if s.caller else "module level"
-                return self.fail(module, func, f"`{func.qualname}` is also called from `{where}` ({s.module.path} "
-                                               f"line {s.node.lineno}), where no amp.initialize comes first")
+                missing = missing or (f"`{func.qualname}` is also called from `{where}` ({s.module.path} line "
+                                      f"{s.node.lineno}), where no amp.initialize comes first")
+                continue
+            good.append(s)
             seeds |= c.seeds
+        if missing and not good:
+            return self.fail(module, func, missing)
         alias = self._alias(module, func)
         if self.name in func.positional or self.name in func.kwonly:
             return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
-        c = Carrier("param", seeds, self.name, sites)
+        if missing and alias:
+            return self.fail(module, func, missing)
+        c = Carrier("param", seeds, self.name, good)
         c.rename = alias
+        # some callers have no scaler to give (an evaluation script that loads the same
+        # checkpoints): the parameter is optional, and only saving or loading the scaler's state
+        # may use it there (the planner checks), under `scaler is not None`
+        c.optional = missing
         return c
 
     @staticmethod
@@ -187,6 +198,10 @@ class CarrierRewrites:
                     self.param_added.add(k)
                     if rename:
                         self._rename_param(f, rename)
+                    elif getattr(c, "optional", None):
+                        add_keyword_param(self.fc(f.module), f, f"{self.name}=None")
+                        self.notes.add(f"`{f.qualname}` takes the GradScaler as an optional `{self.name}=`: some of its "
+                                       "callers have none")
                     else:
                         self._add_param(f)
                 if rename and cs.argument(rename) is not None:

@@ -11,7 +11,7 @@ from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     ancestors_stmts, assigned_in, code_body, guards, read, stmt_of, terminates,
 )
-from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, scaler_call
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
@@ -428,9 +428,38 @@ class SeedRewrites:
                 scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
                 scaler_args.insert(0, f"init_scale={val}")
                 self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
+        key = (m.path, id(at), target)
+        if at is not s.stmt and key in self.made_before:
+            # `if n_gpu > 1: ...initialize... else: ...initialize...`: one scaler, made once, on
+            # whichever branch runs (a second one made right after would replace the first)
+            first = self.made_before[key]
+            if first["args"] != scaler_args:
+                raise Refuse(f"amp.initialize at lines {first['line']} and {s.use.line} make scalers with different "
+                             "options in one place: make the scaler by hand")
+            cond = disj(first["cond"], cond)
+            args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
+            made = self._made(target, args, cond, m.src.char_col(at.lineno, at.col_offset))
+            lines = next(v for k, v in fc._inserts.items() if first["made"] in v)
+            lines[lines.index(first["made"])] = made
+            first.update(cond=cond, made=made)
+            for idx in first["seeds"]:
+                self.enabled[idx] = cond
+            first["seeds"].append(s.idx)
+            self.enabled[s.idx] = cond
+            after = self._reassign(s)
+            if after:
+                fc.replace_statement(s.stmt, after)
+            else:
+                fc.remove(s.stmt)
+            if target.startswith("self."):
+                self._default_in_init(s)
+            return
         args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
         col = m.src.char_col(at.lineno, at.col_offset)
         made = self._made(target, args, cond, col)
+        if at is not s.stmt and made:
+            self.made_before[key] = {"args": list(scaler_args), "cond": cond, "made": made, "line": s.use.line,
+                                     "seeds": [s.idx]}
         after = self._reassign(s)
         if at is s.stmt or not made:
             if made or after:

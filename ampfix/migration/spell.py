@@ -113,11 +113,65 @@ def as_bool(code: str, expr) -> str:
 
 
 def conj(a: str, b: str) -> str:
-    """``a and b`` for enabled expressions, simplified."""
+    """``a and b`` for enabled expressions, simplified (a test both already make is said once)."""
     if a == "True":
         return b
     if b == "True":
         return a
     if "False" in (a, b):
         return "False"
+    import ast
+
+    try:
+        have = {ast.dump(x) for x in _conjuncts(ast.parse(a, mode="eval").body)}
+        mine = _conjuncts(ast.parse(b, mode="eval").body)
+        extra = [x for x in mine if ast.dump(x) not in have]
+    except SyntaxError:
+        mine = extra = None
+    if extra is not None and len(extra) < len(mine):
+        if not extra:
+            return a
+        parts = [ast.get_source_segment(b, x) or ast.unparse(x) for x in extra]
+        b = " and ".join(f"({p})" if isinstance(x, ast.BoolOp) else p for p, x in zip(parts, extra))
     return f"({a}) and ({b})" if (" or " in a or " or " in b) else f"{a} and {b}"
+
+
+def _conjuncts(e) -> list:
+    import ast
+
+    if isinstance(e, ast.BoolOp) and isinstance(e.op, ast.And):
+        return [y for v in e.values for y in _conjuncts(v)]
+    return [e]
+
+
+def disj(a: str, b: str) -> str:
+    """``a or b`` for the enabled= of one scaler that two exclusive initialize calls made:
+    ``t and x`` / ``not t and x`` (the two branches of ``if t: ... else: ...``) is ``x``."""
+    import ast
+
+    ea, eb = ast.parse(a, mode="eval").body, ast.parse(b, mode="eval").body
+    ca, cb = _conjuncts(ea), _conjuncts(eb)
+    da, db = [ast.dump(x) for x in ca], [ast.dump(x) for x in cb]
+    ra = [x for x, d in zip(ca, da) if d not in db]
+    rb = [x for x, d in zip(cb, db) if d not in da]
+    common = [x for x, d in zip(ca, da) if d in db]
+    if len(ra) == 1 and len(rb) == 1 and _opposite(ra[0], rb[0]):
+        return " and ".join(ast.unparse(x) for x in common) if common else "True"
+    if a == b:
+        return a
+    return f"({a}) or ({b})"
+
+
+def _opposite(x, y) -> bool:
+    """``t`` and ``not t``, or a comparison and its inverse (``n > 1`` / ``n <= 1``)."""
+    import ast
+
+    for p, q in ((x, y), (y, x)):
+        if isinstance(q, ast.UnaryOp) and isinstance(q.op, ast.Not) and ast.dump(q.operand) == ast.dump(p):
+            return True
+    inverse = {ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Eq: ast.NotEq,
+               ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+    if isinstance(x, ast.Compare) and isinstance(y, ast.Compare) and len(x.ops) == len(y.ops) == 1:
+        return (ast.dump(x.left) == ast.dump(y.left) and ast.dump(x.comparators[0]) == ast.dump(y.comparators[0])
+                and inverse.get(type(x.ops[0])) is type(y.ops[0]))
+    return False

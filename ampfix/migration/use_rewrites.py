@@ -842,6 +842,8 @@ class UseRewrites:
                 fc.remove(st)
             self.notes.add("bfloat16 has no loss scaler: the checkpoint keeps an empty 'amp' entry, loading ignores it")
             return
+        if getattr(c, "optional", None):
+            self._only_with_a_scaler(u, c)
         if u.kind == "state_dict":
             fc.replace(u.node, f"{c.expr}.state_dict")
             return
@@ -854,6 +856,30 @@ class UseRewrites:
 
         add_module_helper(fc, u.module, SCALER_STATE_HELPER, "_scaler_state")
         self.notes.add("old checkpoints: _scaler_state() reads apex's loss-scaler state too")
+
+    def _only_with_a_scaler(self, u: Use, c: Carrier) -> None:
+        """The statement that saves or loads apex's state runs only where a scaler was given:
+        ``if "amp" in ckpt and ...:`` whose whole body it is gets ``scaler is not None and`` first;
+        a statement of its own is put under ``if scaler is not None:``."""
+        st = stmt_of(u.node)
+        if not isinstance(st, (ast.Expr, ast.Assign)) or (isinstance(st, ast.Assign) and st.value is not u.call):
+            raise Refuse(f"amp.{u.kind} at line {u.line} is part of an expression in `{u.func.qualname}`, which some "
+                         f"callers reach with no scaler ({c.optional})")
+        fc = self.fc(u.module)
+        gd = getattr(st, "_p", None)
+        if isinstance(gd, ast.If) and gd.body == [st] and not gd.orelse:
+            if id(gd) not in self.guarded:
+                self.guarded.add(id(gd))
+                test = gd.test
+                text = u.module.src.code(test)
+                if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+                    fc.replace(test, f"{c.expr} is not None and {text}")
+                elif isinstance(test, (ast.BoolOp, ast.IfExp, ast.NamedExpr, ast.Lambda)):
+                    fc.replace(test, f"{c.expr} is not None and ({text})")
+                else:
+                    fc.replace(test, f"{c.expr} is not None and {text}")
+            return
+        fc.wrap(st, st, f"if {c.expr} is not None:")
 
     def _drop_state(self, u: Use) -> None:
         """apex's state saved or loaded where no scaler can reach (a checkpoint helper of a runner

@@ -227,13 +227,23 @@ class Builder:
             return Edit(a, b, "")
         if after <= src.line_count and not src.line_text(after).strip():
             # a blank line follows: the blank lines above go too (else they would pile up); with
-            # code right after, they stay and keep the paragraphs apart
+            # code right after, they stay and keep the paragraphs apart.  At module level two
+            # blank lines stay between what comes before and after (PEP 8's two around a def)
+            following = 0
+            while after + following <= src.line_count and not src.line_text(after + following).strip():
+                following += 1
+            nxt = src.line_text(after + following).lstrip() if after + following <= src.line_count else ""
+            defines = nxt.startswith(("def ", "async def ", "class ", "@"))
+            keep = max(0, 2 - following) if not self.indent(stmt) and defines else 0
             line = first - 1
+            blanks = []
             while line >= 1 and not src.line_text(line).strip():
-                a = src.starts[line - 1]
+                blanks.append(line)
                 line -= 1
             if line == 0:  # at the top of the file: keep the text starting where it did
                 a = src.starts[first - 1]
+            elif len(blanks) > keep:
+                a = src.starts[blanks[len(blanks) - keep - 1] - 1] if keep < len(blanks) else a
         return Edit(a, b, "")
 
     def insert_before(self, stmt, lines: Sequence[str]) -> Edit:
