@@ -156,7 +156,7 @@ class Remover:
                     while j + 1 < len(removed) and removed[j].end_lineno + 1 == self.b.first_line(removed[j + 1]):
                         j += 1
                     run_end = removed[j].end_lineno
-                heads = (run_end is not None and block[0] is s and not isinstance(owner, ast.Module)
+                heads = (run_end is not None and block[0] is s and isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef))
                          and removed[j] is not block[-1] and above is None)
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
         return edits
