@@ -21,9 +21,14 @@ from ampfix.model.source import Source
 PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
 
 
+#: builtins whose call only looks (an ``if isinstance(x, nn.Module):`` can go with its body)
+_LOOKING = frozenset({"isinstance", "issubclass", "callable", "len"})
+
+
 def pure(expr) -> bool:
-    """An expression with no calls (safe to drop with the ``if`` it tests)."""
-    return all(not isinstance(n, (ast.Call, ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom))
+    """An expression with no calls but looking ones (safe to drop with the ``if`` it tests)."""
+    return all(not isinstance(n, (ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom)) and not (
+        isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _LOOKING))
                for n in [expr, *walk(expr)])
 
 

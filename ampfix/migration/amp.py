@@ -244,6 +244,13 @@ class AmpPlanner:
             if s.idx in bad or f is None or s.use.kind != "initialize" or not isinstance(s.stmt, ast.Assign):
                 out.append(s)
                 continue
+            if f.is_method and f.cls is not None and any(
+                    u.func is not None and u.func is not f and u.func.cls is f.cls and u.kind in SCALER_KINDS
+                    for u in uses):
+                # `model, optimizer = self.wrap_up(...)` in a trainer whose own methods scale the
+                # loss and save the state: the scaler stays on the object (self.scaler)
+                out.append(s)
+                continue
             alias = Solver.alias_of(f)
             mine = [u for u in uses if u.func is f and u.kind in SCALER_KINDS]
             if any(u.kind == "" and not (alias and isinstance(u.node, ast.Name) and u.node.id == alias) for u in mine):

@@ -227,6 +227,12 @@ class SeedRewrites:
             if isinstance(a, ast.If):  # stmt is in its else branch
                 negs.append(a)
                 continue
+            if isinstance(a, ast.Try) and not a.finalbody and not a.orelse and a.handlers and \
+                    all(terminates(h.body) or isinstance(h.body[-1], ast.Return) for h in a.handlers) and \
+                    any(x is stmt or any(y is stmt for y in walk(x)) for x in a.body):
+                # `try: from apex import amp; initialize(...)` / `except ...: print(...); return`:
+                # what follows the try runs only where its body ran whole, as straight code
+                continue
             kind = {ast.For: "a `for` loop", ast.While: "a `while` loop"}.get(type(a), "a `try` statement")
             raise Refuse(f"line {stmt.lineno} runs inside {kind} (line {a.lineno}): the scaler must exist wherever "
                          f"the step runs; make it once, before, by hand")
@@ -665,6 +671,20 @@ class SeedRewrites:
             self._pure_fp16(s)
             return
         fc = self.fc(s.module)
+        twin = next((t for t in self.g.seeds if t is not s and t.training and t.module is s.module and
+                     t.func is s.func and s.func is not None and not getattr(t, "exported", False) and
+                     not getattr(t, "exported_from", None) and t.stmt.lineno < s.stmt.lineno), None)
+        if twin is not None and not moved:
+            # `model_ema = amp.initialize(model_ema)` right after the trained model's initialize:
+            # apex was already on for the whole process; where this model runs with the trained
+            # one (a momentum encoder in the training step) the training autocast covers it
+            after = self._reassign(s)
+            if after:
+                fc.replace_statement(s.stmt, after)
+            else:
+                fc.remove(s.stmt)
+            self.notes.add(f"the model initialized at line {s.use.line} runs under the training step's autocast")
+            return
         at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call), in_place=moved)
         if not moved:
             after = self._reassign(s)
