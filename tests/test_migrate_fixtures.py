@@ -499,3 +499,50 @@ def test_a_checkpoint_helper_that_some_callers_reach_without_a_scaler_takes_it_o
     assert 'if scaler is not None and "amp" in checkpoint and args.amp_opt_level != "O0":' in after
     assert "load_checkpoint(args, model, None, path)\n" in after  # the evaluation passes none
     assert "def evaluate(args, path):" in after
+
+
+TEACHERS = '''\
+import torch
+import torch.nn as nn
+from apex import amp
+
+
+class Trainer(nn.Module):
+    def __init__(self, fp16, teachers):
+        super().__init__()
+        self.fp16 = fp16
+        self.student = nn.Linear(4, 4).cuda()
+        self.opt = torch.optim.SGD(self.student.parameters(), lr=0.1)
+        models = nn.ModuleList()
+        for name in teachers:
+            t = nn.Linear(4, 4).cuda()
+            if self.fp16:
+                t = amp.initialize(t, opt_level="O1")
+            models.append(t.eval())
+        self.teachers = models
+        if self.fp16:
+            self.student, self.opt = amp.initialize(self.student, self.opt, opt_level="O1")
+
+    def update(self, x):
+        with torch.no_grad():
+            soft = sum(t(x) for t in self.teachers)
+        loss = ((self.student(x) - soft) ** 2).mean()
+        self.opt.zero_grad()
+        if self.fp16:
+            with amp.scale_loss(loss, self.opt) as scaled:
+                scaled.backward()
+        else:
+            loss.backward()
+        self.opt.step()
+'''
+
+
+def test_teachers_initialized_in_a_loop_beside_the_student_run_under_its_autocast():
+    """NVlabs/DG-Net's shape: distillation teachers `amp.initialize`d one by one in a loop (no
+    optimizer), the student with its optimizer after them: the teachers run in the student's
+    training step, so its autocast covers them; their initialize goes."""
+    out = migrate(TEACHERS.encode()).fixed
+    assert "amp.initialize" not in out and "from apex" not in out
+    assert "            models.append(t.eval())" in out and "if self.fp16:\n                t =" not in out
+    assert out.count("torch.autocast(") == 1 and out.count("GradScaler(") == 1
+    assert "soft = sum(t(x) for t in self.teachers)" in out.split("torch.autocast(")[1]

@@ -528,6 +528,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
         self.made_before: Dict[tuple, dict] = {}  # (path, id of the statement, target) -> the scaler made there
+        self.twins: Set[str] = set()  # modules where a model initialized beside the trained one went
         self.guarded: Set[int] = set()  # ifs that got `scaler is not None and` first
         self.params_gone: Set[int] = set()  # defs whose apex-amp parameter goes
         self.nones_gone: Set[int] = set()  # `else: amp = None` beside a caller's apex import, removed

@@ -673,17 +673,18 @@ class SeedRewrites:
         fc = self.fc(s.module)
         twin = next((t for t in self.g.seeds if t is not s and t.training and t.module is s.module and
                      t.func is s.func and s.func is not None and not getattr(t, "exported", False) and
-                     not getattr(t, "exported_from", None) and t.stmt.lineno < s.stmt.lineno), None)
+                     not getattr(t, "exported_from", None)), None)
         if twin is not None and not moved:
-            # `model_ema = amp.initialize(model_ema)` right after the trained model's initialize:
-            # apex was already on for the whole process; where this model runs with the trained
-            # one (a momentum encoder in the training step) the training autocast covers it
+            # `model_ema = amp.initialize(model_ema)` beside the trained model's initialize (a
+            # momentum encoder, the teachers of a distillation): apex was on for the whole
+            # process; where this model runs with the trained one, the training autocast covers it
             after = self._reassign(s)
             if after:
                 fc.replace_statement(s.stmt, after)
             else:
                 fc.remove(s.stmt)
             self.notes.add(f"the model initialized at line {s.use.line} runs under the training step's autocast")
+            self.twins.add(s.module.path)
             return
         at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call), in_place=moved)
         if not moved:

@@ -295,6 +295,11 @@ class UseRewrites:
         """Names that hold an initialized model where a region is planned (a region starts at
         the first statement that uses one: input preparation stays outside)."""
         out: Set[str] = set()
+        if module.path in self.twins:
+            # a model initialized beside the trained one (a teacher, a momentum encoder) runs in
+            # the step too, under names the plan does not follow: the region starts at the first
+            # statement the loss comes from
+            return out
         for s in self.g.seeds:
             if s.models is None or s.module is not module:
                 continue
