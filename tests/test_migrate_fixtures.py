@@ -546,3 +546,26 @@ def test_teachers_initialized_in_a_loop_beside_the_student_run_under_its_autocas
     assert "            models.append(t.eval())" in out and "if self.fp16:\n                t =" not in out
     assert out.count("torch.autocast(") == 1 and out.count("GradScaler(") == 1
     assert "soft = sum(t(x) for t in self.teachers)" in out.split("torch.autocast(")[1]
+
+
+def test_a_training_helper_that_some_callers_reach_without_initialize_is_still_refused():
+    src = (
+        "import torch\nfrom apex import amp\n\n\n"
+        "def step(model, optimizer, x):\n"
+        "    loss = model(x).sum()\n"
+        "    with amp.scale_loss(loss, optimizer) as scaled:\n"
+        "        scaled.backward()\n"
+        "    optimizer.step()\n\n\n"
+        "def debug(model, optimizer):\n"
+        "    step(model, optimizer, torch.zeros(2, 2))\n\n\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(2, 2).cuda()\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    model, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+        "    step(model, optimizer, torch.ones(2, 2))\n\n\n"
+        "main()\n"
+        "debug(torch.nn.Linear(2, 2), None)\n"
+    )
+    res = migrate(src.encode())
+    assert res.fixed == src  # left whole
+    assert any("`step` is also called from `debug`" in d.message for d in res.diagnostics), res.diagnostics
