@@ -17,6 +17,11 @@ from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
 
 
+#: torch.optim's optimizers (an optimizer made only to be handed to amp.initialize goes with it)
+_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "ASGD",
+                         "NAdam", "RAdam", "LBFGS", "SparseAdam"})
+
+
 def lazy_tested(test) -> Set[str]:
     """What a lazy guard tests for being unset: ``X is None``, ``X == None``, ``not X``."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and dotted(test.operand):
@@ -457,6 +462,7 @@ class SeedRewrites:
                 fc.replace_statement(s.stmt, after)
             else:
                 fc.remove(s.stmt)
+                self._dummy_optimizer_goes(s)
             if target.startswith("self."):
                 self._default_in_init(s)
             return
@@ -472,14 +478,41 @@ class SeedRewrites:
                 fc.replace_statement(s.stmt, [*([made] if made else []), *after])
             else:
                 fc.remove(s.stmt)
+                self._dummy_optimizer_goes(s)
         else:
             fc.insert_before(at, [made])
             if after:
                 fc.replace_statement(s.stmt, after)
             else:
                 fc.remove(s.stmt)
+                self._dummy_optimizer_goes(s)
         if target.startswith("self."):
             self._default_in_init(s)
+
+    def _dummy_optimizer_goes(self, s: Seed) -> None:
+        """``optimizer_ema = torch.optim.SGD(model_ema.parameters(), lr=0)`` made only to hand
+        ``amp.initialize`` an optimizer for a second model (CMC's momentum encoder): nothing else
+        in the function reads it, so it goes with the initialize."""
+        opt = s.optimizers
+        if not isinstance(opt, ast.Name) or s.func is None:
+            return
+        name = opt.id
+        inside = {id(n) for n in walk(s.stmt)}
+        every = list(walk(s.func.node, into_functions=True))  # closures read it too
+        reads = [n for n in every if isinstance(n, ast.Name) and n.id == name and id(n) not in inside
+                 and not isinstance(n.ctx, ast.Store)]
+        binds = [n for n in every if isinstance(n, ast.Name) and n.id == name and id(n) not in inside
+                 and isinstance(n.ctx, ast.Store)]
+        if any(isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names for n in every):
+            return
+        if reads or len(binds) != 1 or name in s.func.positional or name in s.func.kwonly:
+            return
+        st = stmt_of(binds[0])
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is binds[0]
+                and isinstance(st.value, ast.Call) and (dotted(st.value.func) or "").split(".")[-1] in _OPTIMIZERS):
+            return
+        self.fc(s.module).remove(st)
+        self.notes.add(f"`{name}` was made only for amp.initialize: it goes with it")
 
     @staticmethod
     def _options_only_under_guard(s: Seed) -> bool:

@@ -157,8 +157,10 @@ def disj(a: str, b: str) -> str:
     common = [x for x, d in zip(ca, da) if d in db]
     if len(ra) == 1 and len(rb) == 1 and _opposite(ra[0], rb[0]):
         return " and ".join(ast.unparse(x) for x in common) if common else "True"
-    if a == b:
+    if a == b or not ra:  # `x or (x and y)` is `x`
         return a
+    if not rb:
+        return b
     return f"({a}) or ({b})"
 
 
