@@ -38,6 +38,10 @@ def run(src):
     return check_source(textwrap.dedent(src).encode(), "x.py", all_rules(), Settings(), fix="safe")
 
 
+def check(src):
+    return check_source(textwrap.dedent(src).encode(), "x.py", all_rules(), Settings())
+
+
 def test_an_optimizer_made_only_for_a_second_initialize_goes_with_it():
     out = run(CMC).fixed
     assert "optimizer_ema" not in out and "amp.initialize" not in out
@@ -58,3 +62,45 @@ def test_enabled_expressions_simplify_as_a_reviewer_would():
     assert disj("a", "b") == "(a) or (b)"
     assert conj("x != 'O0'", "x != \"O0\"") == "x != 'O0'"
     assert conj("a", "b and a") == "a and b"
+
+
+ZEN = """\
+    import torch
+    from apex.optimizers import FP16_Optimizer, FusedAdam
+    from pytorch_pretrained_bert.optimization import BertAdam
+
+
+    def train(args, model, loader, writer):
+        if args.fp16:
+            model.half()
+            optimizer = FusedAdam(model.parameters(), lr=1e-3)
+            optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+        else:
+            optimizer = BertAdam(model.parameters(), lr=1e-3)
+        for step, x in enumerate(loader):
+            loss = model(x)
+            if args.fp16:
+                optimizer.backward(loss)
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            writer.add_scalar("lr", optimizer.get_lr()[0], step)
+"""
+
+
+def test_a_method_fp16_optimizer_never_had_is_left_to_the_fp32_optimizer():
+    """sinovation/ZEN: `optimizer.get_lr()` is BertAdam's (the fp32 path); FP16_Optimizer never
+    had it, so the migration leaves it and says so (it used to refuse the module)."""
+    out = run(ZEN).fixed
+    assert "FP16_Optimizer" not in out and "scaler.scale(loss).backward()" in out
+    assert 'writer.add_scalar("lr", optimizer.get_lr()[0], step)' in out
+    found = check(ZEN).diagnostics
+    assert any("never FP16_Optimizer's" in (d.fix_description or "") for d in found), found
+
+
+def test_an_attribute_of_fp16_optimizer_itself_still_refuses():
+    src = ZEN.replace('optimizer.get_lr()[0]', 'optimizer.overflow')
+    assert "FP16_Optimizer(" in run(src).fixed
+    found = check(src).diagnostics
+    assert any("`optimizer.overflow`" in d.message and "no native counterpart" in d.message for d in found), found

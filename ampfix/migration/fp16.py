@@ -45,6 +45,20 @@ CONVERTERS = {"apex.fp16_utils.network_to_half", "apex.fp16_utils.BN_convert_flo
 STANDALONE = {"apex.fp16_utils.to_python_float"}
 METHODS = {"backward", "step", "zero_grad", "state_dict", "load_state_dict", "param_groups", "state",
            "clip_master_grads", "update_master_grads", "loss_scale", "optimizer", "add_param_group"}
+#: what FP16_Optimizer itself has (apex.fp16_utils' and apex.optimizers' classes): an attribute read
+#: outside these was never FP16_Optimizer's (it raised AttributeError there, as it does on the plain
+#: optimizer), so it is the fp32 twin's where the name holds one (``optimizer.get_lr()`` of
+#: pytorch-pretrained-bert's BertAdam), and is left as it is
+FP16_OWN = {
+    "all_fp16_params", "all_fp32_from_fp16_params", "all_fp32_from_fp32_params", "backward", "clip_grad_norm",
+    "clip_master_grads", "cur_iter", "cur_scale", "dynamic_loss_scale", "first_closure_call_this_step",
+    "fp16_groups", "fp16_groups_flat", "fp32_from_fp16_groups", "fp32_from_fp32_groups", "fp32_groups_flat",
+    "grads_groups_flat", "inspect_master_grad_data", "last_overflow_iter", "load_state_dict", "loss_scale",
+    "loss_scaler", "maybe_print", "multi_tensor_scale", "norm_groups", "optimizer", "overflow", "param_groups",
+    "scale_factor", "scale_window", "skip", "state", "state_dict", "step", "update_master_grads", "verbose",
+    "wrapped_closure", "zero_grad", "updated_params", "_update_scale", "_compute_grad_norm", "_get_loss_scale",
+    "_set_loss_scale", "_master_params_to_model_params", "_step_with_closure", "_dummy_overflow_buf",
+    "_get_param_groups", "_set_param_groups", "_get_state", "_set_state", "__getstate__", "__setstate__"}
 HALF_TYPES = {"torch.cuda.HalfTensor", "torch.HalfTensor"}
 SCHEDULE_KW = {"warmup", "t_total", "schedule", "num_warmup_steps", "num_training_steps"}
 CHECKPOINT_NOTE = ("optimizer.state_dict() is now the plain optimizer's: checkpoints that FP16_Optimizer wrote load "
@@ -568,6 +582,10 @@ class Fp16Plan(Rewriter):
                 attr = parent.attr
                 call = getattr(parent, "_p", None)
                 call = call if isinstance(call, ast.Call) and call.func is parent else None
+                if attr not in METHODS and attr not in FP16_OWN and not attr.startswith("__"):
+                    self.notes.add(f"`{opt}.{attr}` (line {n.lineno}) was never FP16_Optimizer's: it stays as it was "
+                                   "(the fp32 optimizer's where it has one)")
+                    continue
                 if attr not in METHODS:
                     raise Refuse(f"`{opt}.{attr}` (line {n.lineno}) has no native counterpart")
                 if attr == "backward" and call is not None:
