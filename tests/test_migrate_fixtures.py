@@ -102,7 +102,7 @@ def test_fixtures_cover_the_patterns():
             "gan_losses_first.py", "optional_imports.py", "checkpoint_resume.py", "nested_guards.py",
             "lazy_setup.py", "split_step_trainer.py", "fp16_opt_callee.py", "grad_reads.py",
             "trainer_hierarchy.py", "amp_attribute.py", "else_branch_init.py",
-            "gan_setup_lists.py", "epoch_setup.py", "version_fallback.py", "hf2_trainer.py", "amp_argument.py", "branch_initialize.py", "trainer_wrap_up.py", "try_initialize.py"} <= set(NAMES)
+            "gan_setup_lists.py", "epoch_setup.py", "version_fallback.py", "hf2_trainer.py", "amp_argument.py", "branch_initialize.py", "trainer_wrap_up.py", "try_initialize.py", "objectives_loop.py"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("ddp")])

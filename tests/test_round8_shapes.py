@@ -104,3 +104,39 @@ def test_an_attribute_of_fp16_optimizer_itself_still_refuses():
     assert "FP16_Optimizer(" in run(src).fixed
     found = check(src).diagnostics
     assert any("`optimizer.overflow`" in d.message and "no native counterpart" in d.message for d in found), found
+
+
+def test_objectives_initialized_in_a_loop_share_one_scaler_made_before_it():
+    """Issue 21 §1.4: a model and its optimizer per objective, initialized in a loop: one scaler
+    before the loop, one update per training step after every objective's step."""
+    from pathlib import Path
+
+    after = (Path(__file__).resolve().parents[1] / "fixtures" / "apex" / "after" / "objectives_loop.py").read_text()
+    lines = after.splitlines()
+    made = next(i for i, x in enumerate(lines) if "GradScaler(" in x)
+    assert lines[made + 1].strip().startswith("for k in range(args.heads):")
+    step = next(i for i, x in enumerate(lines) if "scaler.step(optimizer)" in x)
+    assert lines[step + 1] == "        scaler.update()"  # after the loop over the objectives
+
+
+def test_options_that_change_from_turn_to_turn_refuse():
+    src = """\
+        import torch
+        from apex import amp
+
+
+        def main(args, nets):
+            heads = []
+            for level, net in zip(["O1", "O2"], nets):
+                optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                net, optimizer = amp.initialize(net, optimizer, opt_level=level)
+                heads.append((net, optimizer))
+            for net, optimizer in heads:
+                loss = net(torch.ones(2)).sum()
+                with amp.scale_loss(loss, optimizer) as scaled:
+                    scaled.backward()
+                optimizer.step()
+    """
+    assert "amp.initialize" in run(src).fixed
+    found = check(src).diagnostics
+    assert any("changes from one turn to the next" in d.message for d in found), found

@@ -222,6 +222,7 @@ class SeedRewrites:
         # `if deepspeed: ... else: initialize(...)` and `elif` chains: the branch's condition is
         # the negation of the tests before it; the scaler goes before the chain, enabled by it
         negs: List[ast.If] = []
+        loops: List[ast.For] = []
         for a in ancestors_stmts(stmt, unit):
             if home is not None and (a is home or not any(a is x for x in inside)):
                 if a is home and isinstance(a, ast.If) and a not in gs:
@@ -238,6 +239,12 @@ class SeedRewrites:
                 # `try: from apex import amp; initialize(...)` / `except ...: print(...); return`:
                 # what follows the try runs only where its body ran whole, as straight code
                 continue
+            if isinstance(a, ast.For) and home is None and not a.orelse:
+                # a model and its optimizer initialized one by one in a loop (one objective each): one
+                # scaler before the loop serves them all, as apex's one loss scaler did, when nothing
+                # it is made from changes from one turn to the next
+                loops.append(a)
+                continue
             kind = {ast.For: "a `for` loop", ast.While: "a `while` loop"}.get(type(a), "a `try` statement")
             raise Refuse(f"line {stmt.lineno} runs inside {kind} (line {a.lineno}): the scaler must exist wherever "
                          f"the step runs; make it once, before, by hand")
@@ -249,13 +256,25 @@ class SeedRewrites:
                                  "by hand")
                 gs = gs[:i]
                 break
-        around = [a for a in ancestors_stmts(stmt, unit) if a in gs or any(a is n for n in negs)]
+        around = [a for a in ancestors_stmts(stmt, unit) if a in gs or any(a is n for n in negs)
+                  or any(a is n for n in loops)]
         top = around[-1] if around else stmt
         folded = [gd for gd in gs if not terminates(gd.orelse)]
         negated = [a for a in negs if not terminates(a.body)]
         reads = set(reads)
         for gd in folded + negated:
             reads |= read(gd.test)
+        for lp in loops:
+            changing = sorted((assigned_in([lp]) | {n.id for n in walk(lp.target) if isinstance(n, ast.Name)})
+                              & (reads | read(ast.parse(enabled, mode="eval"))))
+            if changing or any(gd for gd in gs + negs if any(gd is x for x in walk(lp))
+                               and read(gd.test) & assigned_in([lp])):
+                raise Refuse(f"line {stmt.lineno} runs inside a `for` loop (line {lp.lineno}) and its options read "
+                             f"`{', '.join(changing) or 'what the loop sets'}`, which changes from one turn to the "
+                             "next: make the scaler by hand")
+            if any(isinstance(n, (ast.Break, ast.Continue)) for n in walk(lp)):
+                raise Refuse(f"line {stmt.lineno} runs inside a `for` loop (line {lp.lineno}) that can stop early: "
+                             "make the scaler once, before, by hand")
         # a name the enabled expression reads, set before the seed inside what the scaler moves out of
         # (nothing moves where the scaler is made in place, after a call that returns what apex set up)
         if top is not stmt and not in_place:
