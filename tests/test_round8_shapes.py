@@ -140,3 +140,57 @@ def test_options_that_change_from_turn_to_turn_refuse():
     assert "amp.initialize" in run(src).fixed
     found = check(src).diagnostics
     assert any("changes from one turn to the next" in d.message for d in found), found
+
+
+NESTED = """\
+    import torch
+    from apex.optimizers import FP16_Optimizer, FusedAdam
+    from pytorch_pretrained_bert.optimization import BertAdam
+
+
+    def warmup_linear(x, warmup=0.002):
+        return x / warmup if x < warmup else 1.0 - x
+
+
+    def train(args, model, loader, t_total):
+        if args.fp16:
+            model.half()
+        if args.fp16:
+            optimizer = FusedAdam(model.parameters(), lr=args.lr, bias_correction=False)
+            optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+        else:
+            if args.from_pretrained:
+                optimizer = BertAdam(model.parameters(), warmup=0.1, t_total=t_total)
+            else:
+                optimizer = BertAdam(model.parameters(), lr=args.lr, warmup=0.1, t_total=t_total)
+        global_step = 0
+        for x in loader:
+            loss = model(x)
+            if args.fp16:
+                optimizer.backward(loss)
+            else:
+                loss.backward()
+            if args.fp16:
+                # modify learning rate with special warm up BERT uses
+                lr_this_step = args.lr * warmup_linear(global_step / t_total, 0.1)
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = lr_this_step
+            optimizer.step()
+            optimizer.zero_grad()
+            global_step += 1
+"""
+
+
+def test_the_fp16_warm_up_goes_when_every_fp32_optimizer_schedules_itself():
+    """jiasenlu/vilbert_beta's shape: the fp32 optimizer is built in a nested if; the fp16 path's
+    warm-up went unseen and ran on top of BertAdam's own (a warm-up applied twice)."""
+    out = run(NESTED).fixed
+    assert "FP16_Optimizer" not in out and "lr_this_step" not in out and "warm up" not in out
+    assert "def warmup_linear" not in out and "global_step" not in out
+
+
+def test_a_warm_up_that_cannot_go_refuses():
+    src = NESTED.replace("optimizer = BertAdam(model.parameters(), warmup=0.1, t_total=t_total)",
+                         "optimizer = BertAdam(model.parameters())")
+    assert "FP16_Optimizer(" in run(src).fixed
+    assert any("whether the fp16 path's own warm-up" in d.message for d in check(src).diagnostics)

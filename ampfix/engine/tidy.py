@@ -106,7 +106,7 @@ class Remover:
         return False
 
     def remove(self, stmts: Sequence[ast.stmt], filled: Set[tuple] = frozenset(),
-               described: Set[int] = frozenset()) -> List[Edit]:
+               described: Set[int] = frozenset(), obsolete: Set[int] = frozenset()) -> List[Edit]:
         """Edits removing ``stmts``; ``filled`` names the blocks (``(id(owner), field)``) that
         receive new statements: they are not empty, whatever goes from them.  ``described``: ids
         of apex statements whose comment lines right above, when they speak of apex, go with them."""
@@ -126,7 +126,7 @@ class Remover:
                     self.gone[id(owner)] = owner
                     changed = True
         tops = [s for s in self.gone.values() if not self._inside_gone(s)]
-        edits.extend(self._carry_comments(tops))
+        edits.extend(self._carry_comments([s for s in tops if id(s) not in obsolete]))
         blocks: Dict[tuple, List[ast.stmt]] = {}
         for s in tops:
             owner, field, block = block_of(s)
@@ -153,6 +153,8 @@ class Remover:
                     above = self._apex_comment_above(s)
                 elif id(s) in described:
                     above = self._apex_comment_above(s, under_code=True)
+                elif id(s) in obsolete:
+                    above = self._comment_above(s)
                 # a run of removed statements, one right after another: the line after the
                 # whole run decides whether the blank lines above its first one go
                 run_end = None
@@ -165,6 +167,14 @@ class Remover:
                          and removed[j] is not block[-1] and above is None)
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
         return edits
+
+    def _comment_above(self, s) -> Optional[int]:
+        """The first of the comment lines right above ``s`` (none: None)."""
+        line = self.b.first_line(s) - 1
+        first = None
+        while line >= 1 and self.src.line_text(line).strip().startswith("#"):
+            first, line = line, line - 1
+        return first
 
     def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:
         """The first of the comment lines right above a removed apex import when they speak of

@@ -348,7 +348,8 @@ class Fp16Plan(Rewriter):
             fc.touched.add(id(outer))
             fc.insert_after(outer.orelse[-1], made, indent=self.m.src.indent_of(outer.orelse[0].lineno)[
                 :len(self.m.src.indent_of(outer.lineno))])
-            self.fp32_optimizer = [s for s in outer.orelse if isinstance(s, ast.Assign) and
+            # every optimizer the fp32 path builds (`if args.from_pretrained: BertAdam(...) else: ...`)
+            self.fp32_optimizer = [s for b in outer.orelse for s in [b, *walk(b)] if isinstance(s, ast.Assign) and
                                    dotted(s.targets[0]) == self.opt and isinstance(s.value, ast.Call)]
             self.notes.add("the fp16 path's apex optimizer goes: native AMP keeps the fp32 path's optimizer, so "
                            "--fp16 differs from the fp32 run by precision alone")
@@ -688,6 +689,51 @@ class Fp16Plan(Rewriter):
             fc.replace(node, self.opt_at[id(node.value)])
         self._fp16_only_warmup()
 
+    def _counters_go(self, block) -> None:
+        """A counter that only the removed warm-up read (``global_step = 0`` / ``global_step += 1``)
+        goes with it: nothing reads it any more."""
+        unit = self.unit
+        inside = {id(n) for n in walk(block)}
+        reads = {n.id for n in walk(block) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        every = list(walk(unit, into_functions=True))
+        if any(isinstance(n, (ast.Global, ast.Nonlocal)) for n in every):
+            return
+        for name in sorted(reads):
+            nodes = [n for n in every if isinstance(n, ast.Name) and n.id == name and id(n) not in inside]
+            if not nodes or any(not isinstance(n.ctx, ast.Store) for n in nodes):
+                continue
+            stmts = [stmt_of(n) for n in nodes]
+            if not all((isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is n
+                        and isinstance(st.value, ast.Constant)) or
+                       (isinstance(st, ast.AugAssign) and st.target is n and isinstance(st.value, ast.Constant))
+                       for st, n in zip(stmts, nodes)):
+                continue
+            if isinstance(unit, ast.Module) and self.p.mentioned_elsewhere(name):
+                continue
+            for st in stmts:
+                self.fc(self.m).remove(st)
+            self.notes.add(f"`{name}`, which only that warm-up read, goes too")
+
+    def _helpers_go(self, block) -> None:
+        """A module-level function that only the removed warm-up called (``warmup_linear``) goes
+        too, when nothing else in the project names it."""
+        m = self.m
+        called = {n.func.id for n in walk(block) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        inside = {id(n) for n in walk(block)}
+        for name in sorted(called):
+            defs = [d for d in m.tree.body if isinstance(d, ast.FunctionDef) and d.name == name]
+            if len(defs) != 1:
+                continue
+            d = defs[0]
+            within = {id(n) for n in walk(d, into_functions=True)}
+            used = [n for n in walk(m.tree, into_functions=True) if isinstance(n, ast.Name) and n.id == name
+                    and id(n) not in inside and id(n) not in within]
+            if used or self.p.mentioned_elsewhere(name) or name in getattr(self, "_helpers_gone", ()):
+                continue
+            self._helpers_gone = getattr(self, "_helpers_gone", set()) | {name}
+            self.fc(m).remove(d, obsolete=True)
+            self.notes.add(f"`{name}`, which only that warm-up called, goes too")
+
     def _opt_of(self, call) -> str:
         """The optimizer's name at ``opt.method(...)``."""
         return self.opt_at.get(id(receiver(call)), self.opt)
@@ -722,16 +768,30 @@ class Fp16Plan(Rewriter):
         flag = self.enabled_source
         if flag is None or not self.fp32_optimizer:
             return
-        if not any(k.arg in SCHEDULE_KW for s in self.fp32_optimizer for k in s.value.keywords):
-            return
+        scheduled = [any(k.arg in SCHEDULE_KW for k in s.value.keywords) for s in self.fp32_optimizer]
+        if not any(scheduled):
+            return  # the fp16 path's warm-up drives the kept optimizer as it drove apex's
+        if not all(scheduled):
+            raise Refuse(f"the fp32 path builds `{self.opt}` with a schedule at line "
+                         f"{self.fp32_optimizer[scheduled.index(True)].lineno} and without one at line "
+                         f"{self.fp32_optimizer[scheduled.index(False)].lineno}: whether the fp16 path's own warm-up "
+                         "must stay differs between them; migrate it by hand")
         for n in walk(self.unit):
-            if not (isinstance(n, ast.If) and self.code(n.test) == flag and not n.orelse):
+            if not (isinstance(n, ast.If) and self.code(n.test) == flag):
                 continue
             writes = [x for x in walk(n) if isinstance(x, ast.Subscript) and isinstance(x.ctx, ast.Store)
                       and string_value(x.slice) == "lr"]
+            if not writes:
+                continue
             loops = [x for x in n.body if isinstance(x, ast.For) and dotted(x.iter) == f"{self.opt}.param_groups"]
             others = [x for x in n.body if not isinstance(x, (ast.For, ast.Assign))]
-            if writes and loops and not others:
-                self.fc(self.m).remove(n)
+            if loops and not others and not n.orelse:
+                self.fc(self.m).remove(n, obsolete=True)
                 self.notes.add("the warm-up the fp16 path wrote into param_groups goes: the optimizer both paths "
                                "use now schedules itself")
+                self._helpers_go(n)
+                self._counters_go(n)
+                continue
+            # a warm-up the plan cannot take out would run on top of the kept optimizer's own
+            raise Refuse(f"the fp16 path sets the learning rate at line {writes[0].lineno} and the fp32 optimizer "
+                         "it now uses schedules itself: the warm-up would apply twice; migrate it by hand")

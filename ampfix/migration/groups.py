@@ -35,6 +35,7 @@ class FileChanges:
         self.touched: Set[int] = set()  # id of statements replaced or removed
         self._filled: List[ast.stmt] = []  # statements something is inserted beside (their block stays)
         self.described: Set[int] = set()  # ids of removed statements whose apex comment above goes too
+        self.obsolete: Set[int] = set()  # ids of removed statements whose own comments go with them
 
     def _claim(self, node) -> None:
         if id(node) in self.touched:
@@ -67,12 +68,16 @@ class FileChanges:
             self._filled.append(stmt)
         self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
 
-    def remove(self, stmt, described: bool = False) -> None:
-        """``described``: comment lines right above that speak of apex go with the statement."""
+    def remove(self, stmt, described: bool = False, obsolete: bool = False) -> None:
+        """``described``: comment lines right above that speak of apex go with the statement.
+        ``obsolete``: the statement is code the migration made pointless (the fp16 path's own
+        warm-up): the comments inside it described it and go with it, as do those right above."""
         self._claim(stmt)
         self.removed.append(stmt)
         if described:
             self.described.add(id(stmt))
+        if obsolete:
+            self.obsolete.add(id(stmt))
 
     def drop_comment_above(self, stmt) -> None:
         """The comment lines right above a statement that stays go when they speak of apex (``# use
@@ -140,7 +145,7 @@ class FileChanges:
                     owner, field, _ = block_of(st)
                     filled.add((id(owner), field))
                 remover = Remover(self.src, self.module.sem, self.b)
-                removals = remover.remove(self.removed, filled, self.described)
+                removals = remover.remove(self.removed, filled, self.described, self.obsolete)
             except Conflict as exc:
                 raise Refuse(str(exc)) from None
             # a rewrite inside a statement that goes whole (`if amp:` around an initialize that
