@@ -194,3 +194,36 @@ def test_a_warm_up_that_cannot_go_refuses():
                          "optimizer = BertAdam(model.parameters())")
     assert "FP16_Optimizer(" in run(src).fixed
     assert any("whether the fp16 path's own warm-up" in d.message for d in check(src).diagnostics)
+
+
+def test_initialize_per_loss_scale_branch_makes_one_scaler_choosing_its_scale():
+    """NVIDIA's BERT scripts (and their copies): `if args.loss_scale == 0: initialize(...,
+    loss_scale="dynamic") else: initialize(..., loss_scale=args.loss_scale)`.  Two scalers were
+    made one after the other (the second decided alone); now one scaler whose scale follows the
+    branch, and the emptied `if/else` goes whole."""
+    src = """\
+        import torch
+        from apex import amp
+
+
+        def main(args, model, loader):
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            if args.fp16:
+                if args.loss_scale == 0:
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale="dynamic")
+                else:
+                    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale=args.loss_scale)
+            for x in loader:
+                loss = model(x).sum()
+                if args.fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+    """
+    out = run(src).fixed
+    assert out.count("GradScaler(") == 1 and "apex" not in out and "if args.loss_scale == 0" not in out
+    assert 'init_scale=2.0**16 if args.loss_scale in (None, 0, "dynamic") else float(args.loss_scale)' in out
+    assert 'growth_interval=2000 if args.loss_scale in (None, 0, "dynamic") else 2**31 - 1' in out
+    assert "enabled=bool(args.fp16)" in out

@@ -293,7 +293,11 @@ class Remover:
 
     def _owner_goes(self, owner, field: str) -> bool:
         if isinstance(owner, ast.If):
-            return field == "body" and not owner.orelse and pure(owner.test)
+            if not pure(owner.test):
+                return False
+            # `if t: <gone> else: <gone>` goes whole (each branch emptied by the same migration)
+            other = owner.orelse if field == "body" else owner.body
+            return not other or all(id(x) in self.gone for x in other)
         if isinstance(owner, ast.Try) or type(owner).__name__ == "TryStar":
             if field != "body" or owner.orelse or owner.finalbody:
                 return False

@@ -182,18 +182,7 @@ class SeedRewrites:
                     raise Refuse(f"opt_level O3 with {k!r}: convert the model with .half() by hand")
             return enabled, notes, scaler_args, pure
         if ls is not None:
-            dyn, static = loss_scale_choice(ls, code)
-            if static is None:
-                pass  # always dynamic: GradScaler's default
-            elif dyn is None:
-                scaler_args += [f"init_scale={static}", "growth_interval=2**31 - 1"]
-                notes.add(STATIC_NOTE)
-            else:
-                scaler_args += [f"init_scale=2.0**16 if {dyn} else {static}",
-                                f"growth_interval=2000 if {dyn} else 2**31 - 1"]
-                notes.add("loss_scale chosen at run time: dynamic when it is None, 0 or 'dynamic', else static"
-                          if not isinstance(ls, ast.IfExp) else
-                          "loss_scale chosen at run time: dynamic where apex's was, else static")
+            scaler_args += loss_scale_args(ls, code, notes)
         for k in kws:
             if k in NOTES:
                 notes.add(f"{k}: {NOTES[k]}")
@@ -464,8 +453,9 @@ class SeedRewrites:
             # whichever branch runs (a second one made right after would replace the first)
             first = self.made_before[key]
             if first["args"] != scaler_args:
-                raise Refuse(f"amp.initialize at lines {first['line']} and {s.use.line} make scalers with different "
-                             "options in one place: make the scaler by hand")
+                # `if args.loss_scale == 0: initialize(..., loss_scale="dynamic") else: initialize(...,
+                # loss_scale=args.loss_scale)` (NVIDIA's BERT scripts): each option as the branch chose it
+                scaler_args = self._options_by_branch(first, s, scaler_args)
             cond = disj(first["cond"], cond)
             args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
             made = self._made(target, args, cond, m.src.char_col(at.lineno, at.col_offset))
@@ -490,7 +480,7 @@ class SeedRewrites:
         made = self._made(target, args, cond, col)
         if at is not s.stmt and made:
             self.made_before[key] = {"args": list(scaler_args), "cond": cond, "made": made, "line": s.use.line,
-                                     "seeds": [s.idx]}
+                                     "seeds": [s.idx], "seed": s}
         after = self._reassign(s)
         if at is s.stmt or not made:
             if made or after:
@@ -507,6 +497,58 @@ class SeedRewrites:
                 self._dummy_optimizer_goes(s)
         if target.startswith("self."):
             self._default_in_init(s)
+
+    #: GradScaler's defaults, for an option one branch sets and the other leaves
+    _SCALER_DEFAULTS = {"init_scale": "2.0**16", "growth_interval": "2000", "growth_factor": "2.0",
+                        "backoff_factor": "0.5"}
+
+    def _options_by_branch(self, first: dict, s: Seed, args: List[str]) -> List[str]:
+        """The scaler's options when two initialize calls in the two branches of one ``if`` set
+        them differently: ``name=<first's> if <test> else <second's>``."""
+        a, b = first["seed"].stmt, s.stmt
+        gd = next((x for x in ancestors_stmts(a, s.unit) if isinstance(x, ast.If)
+                   and any(y is a or any(z is a for z in walk(y)) for y in x.body)
+                   and any(y is b or any(z is b for z in walk(y)) for y in x.orelse)), None)
+        if gd is None:
+            raise Refuse(f"amp.initialize at lines {first['line']} and {s.use.line} make scalers with different "
+                         "options in one place: make the scaler by hand")
+        code = s.module.src.code
+        test = code(gd.test)
+        ka, kb = kwargs(first["seed"].call), kwargs(s.call)
+        same = [code(x) for x in first["seed"].call.args] == [code(x) for x in s.call.args] and \
+            {k: code(v) for k, v in ka.items() if k != "loss_scale"} == \
+            {k: code(v) for k, v in kb.items() if k != "loss_scale"}
+        if same:
+            # the branches differ by their loss scale alone: one choice between them, said as
+            # apex's `"dynamic" if test else value` would be (the test folds where it restates it)
+            choice = ast.IfExp(test=gd.test, body=ka.get("loss_scale", ast.Constant("dynamic")),
+                               orelse=kb.get("loss_scale", ast.Constant("dynamic")))
+            notes: Set[str] = set()
+            out = [x for x in first["args"] if not x.startswith(("init_scale=", "growth_interval="))]
+            out = loss_scale_args(choice, code, notes) + out
+            self.notes |= notes
+            return out
+
+        def split(xs):
+            out = {}
+            for x in xs:
+                k, _, v = x.partition("=")
+                if not _ or k in out:
+                    raise Refuse(f"amp.initialize at lines {first['line']} and {s.use.line}: option `{x}` cannot be "
+                                 "chosen by branch; make the scaler by hand")
+                out[k] = v
+            return out
+
+        one, two = split(first["args"]), split(args)
+        merged = []
+        for k in [*one, *(k for k in two if k not in one)]:
+            va, vb = one.get(k, self._SCALER_DEFAULTS.get(k)), two.get(k, self._SCALER_DEFAULTS.get(k))
+            if va is None or vb is None:
+                raise Refuse(f"amp.initialize at lines {first['line']} and {s.use.line}: `{k}` has no value in one "
+                             "branch; make the scaler by hand")
+            merged.append(f"{k}={va}" if va == vb else f"{k}={va} if {test} else {vb}")
+        self.notes.add("the scaler's options follow the branch of the `if` that chose apex's")
+        return merged
 
     def _dummy_optimizer_goes(self, s: Seed) -> None:
         """``optimizer_ema = torch.optim.SGD(model_ema.parameters(), lr=0)`` made only to hand
@@ -891,6 +933,20 @@ class SeedRewrites:
 
 _DYNAMIC_VALUES = (None, 0, "dynamic")
 
+
+
+def loss_scale_args(ls, code, notes: Set[str]) -> List[str]:
+    """The GradScaler options that apex's ``loss_scale`` expression says."""
+    dyn, static = loss_scale_choice(ls, code)
+    if static is None:
+        return []  # always dynamic: GradScaler's default
+    if dyn is None:
+        notes.add(STATIC_NOTE)
+        return [f"init_scale={static}", "growth_interval=2**31 - 1"]
+    notes.add("loss_scale chosen at run time: dynamic when it is None, 0 or 'dynamic', else static"
+              if not isinstance(ls, ast.IfExp) else
+              "loss_scale chosen at run time: dynamic where apex's was, else static")
+    return [f"init_scale=2.0**16 if {dyn} else {static}", f"growth_interval=2000 if {dyn} else 2**31 - 1"]
 
 
 def loss_scale_choice(ls, code) -> Tuple[Optional[str], Optional[str]]:
