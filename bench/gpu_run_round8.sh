@@ -18,6 +18,7 @@ python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 STEPS=${STEPS:-40}
 T=$(mktemp -d)
 cd fixtures/apex/after
+if [ "${ONLY:-}" != "late" ]; then
 echo "== verify amp_argument.py (the scaler made before the setup helper and passed to it)"
 python -m ampfix verify --steps $STEPS --no-profile amp_argument.py --json "$J/amp_argument.json" -- --steps 200 --output "$T/a.pt" 2>&1 | tail -8
 echo "== amp_argument.py resumes from its checkpoint (the scaler's state through the helper)"
@@ -31,5 +32,12 @@ echo "== verify trainer_wrap_up.py (the scaler on the trainer, the momentum enco
 python -m ampfix verify --steps $STEPS --no-profile trainer_wrap_up.py --json "$J/trainer_wrap_up.json" -- --steps 200 --output "$T/c.pt" 2>&1 | tail -8
 echo "== verify try_initialize.py (the scaler hoisted out of the try)"
 python -m ampfix verify --steps $STEPS --no-profile try_initialize.py --json "$J/try_initialize.json" -- --steps 200 2>&1 | tail -8
+fi
+# added later in the round (ONLY=late runs these alone)
+echo "== verify objectives_loop.py (one scaler before the loop of objectives, one update per step)"
+python -m ampfix verify --steps $STEPS --no-profile objectives_loop.py --json "$J/objectives_loop.json" -- --steps 200 2>&1 | tail -8
+echo "== verify bert_fp16_optimizer.py (the fp16 path's own warm-up gone with its helper and counter)"
+python -m ampfix verify --steps $STEPS --no-profile bert_fp16_optimizer.py --json "$J/bert_fp16_optimizer.json" -- --steps 200 2>&1 | tail -8
+[ "${ONLY:-}" = "late" ] && exit 0
 cd ../../..
 python -m pytest -q -p no:cacheprovider tests/test_migrate_fixtures.py tests/test_amp_argument.py 2>&1 | tail -2
