@@ -227,3 +227,34 @@ def test_initialize_per_loss_scale_branch_makes_one_scaler_choosing_its_scale():
     assert 'init_scale=2.0**16 if args.loss_scale in (None, 0, "dynamic") else float(args.loss_scale)' in out
     assert 'growth_interval=2000 if args.loss_scale in (None, 0, "dynamic") else 2**31 - 1' in out
     assert "enabled=bool(args.fp16)" in out
+
+
+def test_a_comment_about_importing_apex_goes_with_the_import():
+    """facebookresearch/CodeGen: `# online import to avoid installing if not used` right above
+    `from apex import amp` inside a method, under its docstring."""
+    src = '''\
+        import torch
+
+
+        class Trainer:
+            def init_amp(self, model, optimizer):
+                """
+                Initialize AMP optimizer.
+                """
+                # online import to avoid installing if not used (eg in the CI)
+                from apex import amp
+
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+                self.model, self.optimizer = model, optimizer
+
+            def step(self, x):
+                from apex import amp
+
+                loss = self.model(x).sum()
+                # keep this comment
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                self.optimizer.step()
+    '''
+    out = run(src).fixed
+    assert "online import" not in out and "keep this comment" in out

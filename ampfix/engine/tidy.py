@@ -77,12 +77,19 @@ def _speaks_of_apex(text: str) -> bool:
     return "apex" in low or re.search(r"\bamp\b", low) is not None
 
 
-def apex_comment_above(src: Source, line: int) -> Optional[int]:
-    """The first of the comment lines right above ``line`` when together they speak of apex."""
+def apex_comment_above(src: Source, line: int, of_import: bool = False) -> Optional[int]:
+    """The first of the comment lines right above ``line`` when together they speak of apex (or,
+    ``of_import``, above a removed apex import: of importing or installing it, ``# online import
+    to avoid installing if not used``)."""
+    import re
+
     no, first = line - 1, None
     while no >= 1 and src.line_text(no).strip().startswith("#"):
         first, no = no, no - 1
-    if first is None or not _speaks_of_apex(" ".join(src.line_text(n) for n in range(first, line))):
+    if first is None:
+        return None
+    text = " ".join(src.line_text(n) for n in range(first, line))
+    if not (_speaks_of_apex(text) or (of_import and re.search(r"\bimport|\binstall", text.lower()))):
         return None
     return first
 
@@ -181,13 +188,14 @@ class Remover:
         apex (``# use apex for mixed precision``): they described what went, and go with it.
         ``under_code``: also where code comes right before them (above an apex statement, not an
         import, a comment speaks of what follows it)."""
-        first = apex_comment_above(self.src, self.b.first_line(s))
+        first = apex_comment_above(self.src, self.b.first_line(s), of_import=not under_code and self._import_like(s))
         if first is None or under_code:
             return first
         before = self.src.line_text(first - 1).rstrip() if first > 1 else ""
         # right under the code before it, a comment may speak of that code: not when it is an import
-        if before.strip() and not before.endswith(":") and not before.lstrip().startswith(("import ", "from ")):
-            return None
+        if before.strip() and not before.endswith((":", '"""', "'''")) and \
+                not before.lstrip().startswith(("import ", "from ")):
+            return None  # (under a docstring, a comment is no description of the code before it)
         return first
 
     def _is_elif(self, orelse) -> bool:
