@@ -11,6 +11,7 @@ else binds, is not removed: :class:`~ampfix.model.edits.Conflict` says why.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -71,21 +72,23 @@ def names_bound(stmts: Iterable[ast.stmt]) -> Set[str]:
 
 def _speaks_of_apex(text: str) -> bool:
     """A comment that names apex or its ``amp`` (``# save amp state dict``)."""
-    import re
-
     low = text.lower()
     return "apex" in low or re.search(r"\bamp\b", low) is not None
+
+
+def comments_above(src: Source, line: int) -> Optional[int]:
+    """The first of the comment lines right above ``line`` (None when there are none)."""
+    no, first = line - 1, None
+    while no >= 1 and src.line_text(no).strip().startswith("#"):
+        first, no = no, no - 1
+    return first
 
 
 def apex_comment_above(src: Source, line: int, of_import: bool = False) -> Optional[int]:
     """The first of the comment lines right above ``line`` when together they speak of apex (or,
     ``of_import``, above a removed apex import: of importing or installing it, ``# online import
     to avoid installing if not used``)."""
-    import re
-
-    no, first = line - 1, None
-    while no >= 1 and src.line_text(no).strip().startswith("#"):
-        first, no = no, no - 1
+    first = comments_above(src, line)
     if first is None:
         return None
     text = " ".join(src.line_text(n) for n in range(first, line))
@@ -161,7 +164,7 @@ class Remover:
                 elif id(s) in described:
                     above = self._apex_comment_above(s, under_code=True)
                 elif id(s) in obsolete:
-                    above = self._comment_above(s)
+                    above = comments_above(self.src, self.b.first_line(s))
                 # a run of removed statements, one right after another: the line after the
                 # whole run decides whether the blank lines above its first one go
                 run_end = None
@@ -174,14 +177,6 @@ class Remover:
                          and removed[j] is not block[-1] and above is None)
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
         return edits
-
-    def _comment_above(self, s) -> Optional[int]:
-        """The first of the comment lines right above ``s`` (none: None)."""
-        line = self.b.first_line(s) - 1
-        first = None
-        while line >= 1 and self.src.line_text(line).strip().startswith("#"):
-            first, line = line, line - 1
-        return first
 
     def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:
         """The first of the comment lines right above a removed apex import when they speak of

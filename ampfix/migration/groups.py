@@ -68,6 +68,11 @@ class FileChanges:
             self._filled.append(stmt)
         self._inserts.setdefault((at, self.b.indent(stmt) if indent is None else indent), []).extend(lines)
 
+    def restate_inserted(self, old: str, new: str) -> None:
+        """An inserted line says ``new`` instead of ``old`` (a scaler two seeds share)."""
+        lines = next(v for v in self._inserts.values() if old in v)
+        lines[lines.index(old)] = new
+
     def remove(self, stmt, described: bool = False, obsolete: bool = False) -> None:
         """``described``: comment lines right above that speak of apex go with the statement.
         ``obsolete``: the statement is code the migration made pointless (the fp16 path's own

@@ -106,7 +106,7 @@ class Solver:
             seeds |= c.seeds
         if missing and not good:
             return self.fail(module, func, missing)
-        alias = self._alias(module, func)
+        alias = self.alias_of(func)
         if self.name in func.positional or self.name in func.kwonly:
             return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
         if missing and alias:
@@ -118,10 +118,6 @@ class Solver:
         # may use it there (the planner checks), under `scaler is not None`
         c.optional = missing
         return c
-
-    @staticmethod
-    def _alias(module, func) -> Optional[str]:
-        return Solver.alias_of(func)
 
     @staticmethod
     def alias_of(func) -> Optional[str]:

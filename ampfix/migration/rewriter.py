@@ -10,7 +10,7 @@ from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.flow import (
     guards,
 )
-from ampfix.model.semantic import dotted, walk
+from ampfix.model.semantic import dotted, param_defaults, walk
 
 
 class Rewriter:
@@ -97,14 +97,7 @@ def substitute(text: str, orig, cs) -> str:
     (or the parameters' defaults); a name that is neither refuses."""
     f = orig.func
     tree = ast.parse(text, mode="eval")
-    defaults = {}
-    a = f.node.args
-    pos = [*getattr(a, "posonlyargs", []), *a.args]
-    for p, d in zip(pos[len(pos) - len(a.defaults):], a.defaults):
-        defaults[p.arg] = orig.module.src.code(d)
-    for p, d in zip(a.kwonlyargs, a.kw_defaults):
-        if d is not None:
-            defaults[p.arg] = orig.module.src.code(d)
+    defaults = {k: orig.module.src.code(d) for k, d in param_defaults(f.node.args).items()}
 
     class Sub(ast.NodeTransformer):
         def visit_Name(self, node):

@@ -459,19 +459,13 @@ class SeedRewrites:
             cond = disj(first["cond"], cond)
             args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
             made = self._made(target, args, cond, m.src.char_col(at.lineno, at.col_offset))
-            lines = next(v for k, v in fc._inserts.items() if first["made"] in v)
-            lines[lines.index(first["made"])] = made
+            fc.restate_inserted(first["made"], made)
             first.update(cond=cond, made=made)
             for idx in first["seeds"]:
                 self.enabled[idx] = cond
             first["seeds"].append(s.idx)
             self.enabled[s.idx] = cond
-            after = self._reassign(s)
-            if after:
-                fc.replace_statement(s.stmt, after)
-            else:
-                fc.remove(s.stmt)
-                self._dummy_optimizer_goes(s)
+            self._seed_statement_goes(s)
             if target.startswith("self."):
                 self._default_in_init(s)
             return
@@ -490,13 +484,19 @@ class SeedRewrites:
                 self._dummy_optimizer_goes(s)
         else:
             fc.insert_before(at, [made])
-            if after:
-                fc.replace_statement(s.stmt, after)
-            else:
-                fc.remove(s.stmt)
-                self._dummy_optimizer_goes(s)
+            self._seed_statement_goes(s, after)
         if target.startswith("self."):
             self._default_in_init(s)
+
+    def _seed_statement_goes(self, s: Seed, after: Optional[List[str]] = None) -> None:
+        """The initialize statement goes (its targets keep what it changed: ``_reassign``), and an
+        optimizer made only for it goes with it."""
+        after = self._reassign(s) if after is None else after
+        if after:
+            self.fc(s.module).replace_statement(s.stmt, after)
+        else:
+            self.fc(s.module).remove(s.stmt)
+            self._dummy_optimizer_goes(s)
 
     #: GradScaler's defaults, for an option one branch sets and the other leaves
     _SCALER_DEFAULTS = {"init_scale": "2.0**16", "growth_interval": "2000", "growth_factor": "2.0",
@@ -772,11 +772,7 @@ class SeedRewrites:
             # `model_ema = amp.initialize(model_ema)` beside the trained model's initialize (a
             # momentum encoder, the teachers of a distillation): apex was on for the whole
             # process; where this model runs with the trained one, the training autocast covers it
-            after = self._reassign(s)
-            if after:
-                fc.replace_statement(s.stmt, after)
-            else:
-                fc.remove(s.stmt)
+            self._seed_statement_goes(s)
             self.notes.add(f"the model initialized at line {s.use.line} runs under the training step's autocast")
             self.twins.add(s.module.path)
             return
@@ -932,7 +928,6 @@ class SeedRewrites:
 
 
 _DYNAMIC_VALUES = (None, 0, "dynamic")
-
 
 
 def loss_scale_args(ls, code, notes: Set[str]) -> List[str]:

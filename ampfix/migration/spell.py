@@ -16,6 +16,7 @@ below 2.3 (the default follows the declared release unless ``target`` is set).
 """
 from __future__ import annotations
 
+import ast
 from typing import List, Optional
 
 NATIVE_AMP = (1, 6)
@@ -96,8 +97,6 @@ def check_release(settings) -> Optional[str]:
 def as_bool(code: str, expr) -> str:
     """autocast(enabled=...) takes a bool only: comparisons, `not`, and/or of those and
     True/False are; the rest is wrapped in bool()."""
-    import ast
-
     def is_bool(e) -> bool:
         if isinstance(e, ast.Compare) or (isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not)):
             return True
@@ -120,8 +119,6 @@ def conj(a: str, b: str) -> str:
         return a
     if "False" in (a, b):
         return "False"
-    import ast
-
     try:
         have = {ast.dump(x) for x in _conjuncts(ast.parse(a, mode="eval").body)}
         mine = _conjuncts(ast.parse(b, mode="eval").body)
@@ -137,8 +134,6 @@ def conj(a: str, b: str) -> str:
 
 
 def _conjuncts(e) -> list:
-    import ast
-
     if isinstance(e, ast.BoolOp) and isinstance(e.op, ast.And):
         return [y for v in e.values for y in _conjuncts(v)]
     return [e]
@@ -147,8 +142,6 @@ def _conjuncts(e) -> list:
 def disj(a: str, b: str) -> str:
     """``a or b`` for the enabled= of one scaler that two exclusive initialize calls made:
     ``t and x`` / ``not t and x`` (the two branches of ``if t: ... else: ...``) is ``x``."""
-    import ast
-
     ea, eb = ast.parse(a, mode="eval").body, ast.parse(b, mode="eval").body
     ca, cb = _conjuncts(ea), _conjuncts(eb)
     da, db = [ast.dump(x) for x in ca], [ast.dump(x) for x in cb]
@@ -166,8 +159,6 @@ def disj(a: str, b: str) -> str:
 
 def _opposite(x, y) -> bool:
     """``t`` and ``not t``, or a comparison and its inverse (``n > 1`` / ``n <= 1``)."""
-    import ast
-
     for p, q in ((x, y), (y, x)):
         if isinstance(q, ast.UnaryOp) and isinstance(q.op, ast.Not) and ast.dump(q.operand) == ast.dump(p):
             return True

@@ -877,12 +877,10 @@ class UseRewrites:
                 self.guarded.add(id(gd))
                 test = gd.test
                 text = u.module.src.code(test)
-                if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-                    fc.replace(test, f"{c.expr} is not None and {text}")
-                elif isinstance(test, (ast.BoolOp, ast.IfExp, ast.NamedExpr, ast.Lambda)):
-                    fc.replace(test, f"{c.expr} is not None and ({text})")
-                else:
-                    fc.replace(test, f"{c.expr} is not None and {text}")
+                if isinstance(test, (ast.IfExp, ast.NamedExpr, ast.Lambda)) or (
+                        isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or)):
+                    text = f"({text})"
+                fc.replace(test, f"{c.expr} is not None and {text}")
             return
         fc.wrap(st, st, f"if {c.expr} is not None:")
 
@@ -964,10 +962,12 @@ class UseRewrites:
         if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
             call = getattr(p, "_p", None) if isinstance(p, ast.keyword) else p
             f, _ = self.p.resolve(u.module, call.func) if isinstance(call, ast.Call) else (None, False)
-            if f is not None and any((id(f.node), name) in self.planner.dropped_params
-                                     for name in ([p.arg] if isinstance(p, ast.keyword) else
-                                                  [f.positional[call.args.index(u.node)]]
-                                                  if call.args.index(u.node) < len(f.positional) else [])):
+            if isinstance(p, ast.keyword):
+                param = p.arg
+            else:
+                i = call.args.index(u.node)
+                param = f.positional[i] if f is not None and i < len(f.positional) else None
+            if f is not None and (id(f.node), param) in self.planner.dropped_params:
                 fc = self.fc(u.module)
                 fc.edits.append(fc.b.remove_arg(call, p if isinstance(p, ast.keyword) else u.node))
                 return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.semantic import walk
+from ampfix.model.semantic import dotted, param_defaults, walk
 
 REPLACEMENTS: Dict[str, str] = {
     "apex.amp.initialize": "torch.amp.GradScaler('cuda') plus a torch.autocast('cuda') region around the forward pass",
@@ -156,15 +156,7 @@ def _param_qname(sem, node, aliases) -> Optional[str]:
     if not bs or any(b.kind != "param" for b in bs):
         return None
     q = aliases.get((id(bs[0].scope.node), base.id))
-    return q + dotted_rest(node, base) if q else None
-
-
-def dotted_rest(node, base) -> str:
-    parts = []
-    while node is not base:
-        parts.append(node.attr)
-        node = node.value
-    return "".join("." + p for p in reversed(parts))
+    return q + dotted(node)[len(base.id):] if q else None
 
 
 #: what a function must read from a parameter for it to be apex's amp handed in
@@ -232,11 +224,7 @@ def param_aliases(sem) -> Dict[Tuple[int, str], str]:
 def param_may_be_none(sem, func_node, name: str) -> bool:
     """Whether a call hands the parameter None (or leaves it to a None default)."""
     param_aliases(sem)
-    a = func_node.args
-    positional = [*a.posonlyargs, *a.args]
-    defaults = dict(zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults))
-    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
-    d = defaults.get(name)
+    d = param_defaults(func_node.args).get(name)
     return (id(func_node), name) in sem._apex_params_none or (isinstance(d, ast.Constant) and d.value is None)
 
 
@@ -249,9 +237,7 @@ def _passed(sem, f, name: str, call: ast.Call, aliases) -> Optional[str]:
     if arg is None and name in positional and positional.index(name) < len(call.args):
         arg = call.args[positional.index(name)]
     if arg is None:  # the default
-        defaults = dict(zip(positional[len(positional) - len(f.args.defaults):], f.args.defaults))
-        defaults.update({a.arg: d for a, d in zip(f.args.kwonlyargs, f.args.kw_defaults) if d is not None})
-        arg = defaults.get(name)
+        arg = param_defaults(f.args).get(name)
     if isinstance(arg, ast.Constant) and arg.value is None:
         return "None"
     if not isinstance(arg, (ast.Name, ast.Attribute)):

@@ -216,13 +216,14 @@ class Builder:
         src = self.src
         first = from_line or self.first_line(stmt)
         a = min(a, src.starts[first - 1])
-        after = (run_end or stmt.end_lineno) + 1
+        end = run_end or stmt.end_lineno
+        after = end + 1
         if heads:
             # the run opened its block (right under `def ...:`): the blank lines after it go, so
             # that the block does not start with one
-            while after <= src.line_count and not src.line_text(after).strip() and after < src.line_count:
+            while after < src.line_count and not src.line_text(after).strip():
                 after += 1
-            if run_end is not None and after > run_end + 1:
+            if after > end + 1:
                 b = src.starts[after - 1]
             return Edit(a, b, "")
         if after <= src.line_count and not src.line_text(after).strip():
@@ -242,8 +243,8 @@ class Builder:
                 line -= 1
             if line == 0:  # at the top of the file: keep the text starting where it did
                 a = src.starts[first - 1]
-            elif len(blanks) > keep:
-                a = src.starts[blanks[len(blanks) - keep - 1] - 1] if keep < len(blanks) else a
+            elif len(blanks) > keep:  # the nearest go, the farthest `keep` stay
+                a = src.starts[blanks[len(blanks) - keep - 1] - 1]
         return Edit(a, b, "")
 
     def insert_before(self, stmt, lines: Sequence[str]) -> Edit:

@@ -369,6 +369,14 @@ def _children(node, AST=ast.AST, list_=list) -> List[ast.AST]:
     return out
 
 
+def param_defaults(args: ast.arguments) -> Dict[str, ast.expr]:
+    """Parameter name -> its default expression (positional and keyword-only)."""
+    pos = [*getattr(args, "posonlyargs", []), *args.args]
+    out = {p.arg: d for p, d in zip(pos[len(pos) - len(args.defaults):], args.defaults)}
+    out.update({p.arg: d for p, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    return out
+
+
 def walk(node, into_functions: bool = False) -> Iterator[ast.AST]:
     """Every node below ``node`` (pre-order), not entering nested defs/classes/lambdas.
 
