@@ -176,11 +176,19 @@ def test_an_apex_fallback_below_torch_1_6_goes_with_its_flags():
                  "_use_native_amp = False", "from packaging import version"):
         assert gone not in code, gone
     assert code.count("if args.fp16 and _use_native_amp:") == 3 and "self.scaler.scale(loss).backward()" in code
-    # without the version check the flag is a plain switch: nothing to fold, nothing claimed
+    # without the version check the `if` is a plain switch between a branch that only picks apex
+    # and one that sets native AMP up: the apex choice takes the native path the same way
     src = (FIX / "before" / "version_fallback.py").read_text().replace(
         'version.parse(torch.__version__) < version.parse("1.6")', "args_use_apex")
     res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
-    assert res.fixed is None or "_use_apex" in res.fixed
+    code = res.fixed.split('"""', 2)[2]
+    assert "_use_apex" not in code and "args_use_apex" not in code and " amp." not in code
+    assert code.count("if args.fp16 and _use_native_amp:") == 3
+    # a switch whose other branch does not set native AMP up is no apex choice: left alone here
+    src = src.replace("    _use_native_amp = True\n    from torch.cuda.amp import autocast\n",
+                      "    from torch.cuda.amp import autocast\n")
+    res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
+    assert res.fixed is None or "args_use_apex" in res.fixed
 
 
 def test_a_training_step_method_that_the_train_loop_steps_after():

@@ -23,6 +23,8 @@ ENTRIES = {
     "setup_returns": [["train.py", "--steps", "3"], ["embed.py"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
+                        ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }
 
 

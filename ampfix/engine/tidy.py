@@ -15,8 +15,9 @@ import re
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ampfix.model.analysis import torch_version_test
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
-from ampfix.model.semantic import Model, block_of, iter_statements, walk
+from ampfix.model.semantic import Model, block_of, dotted, iter_statements, walk
 from ampfix.model.source import Source
 
 PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
@@ -31,6 +32,24 @@ def pure(expr) -> bool:
     return all(not isinstance(n, (ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom)) and not (
         isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _LOOKING))
                for n in [expr, *walk(expr)])
+
+
+def checks_for_apex(expr) -> bool:
+    """A test that only asks whether apex is installed (``is_apex_available()``,
+    ``importlib.util.find_spec("apex") is not None``, ``has_apex``): the ``if`` of an apex import
+    goes with it."""
+    if "apex" not in ast.dump(expr).lower():
+        return False
+    for n in [expr, *walk(expr)]:
+        if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _LOOKING):
+            name = (dotted(n.func) or "").lower()
+            if "apex" in name or (name.endswith("find_spec") and any(
+                    isinstance(a, ast.Constant) and a.value == "apex" for a in n.args)):
+                continue
+            return False
+        if isinstance(n, (ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom)):
+            return False
+    return True
 
 
 _INVERT = {ast.Eq: "!=", ast.NotEq: "==", ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=", ast.GtE: "<",
@@ -296,7 +315,7 @@ class Remover:
 
     def _owner_goes(self, owner, field: str) -> bool:
         if isinstance(owner, ast.If):
-            if not pure(owner.test):
+            if not pure(owner.test) and not checks_for_apex(owner.test) and torch_version_test(owner.test) is None:
                 return False
             # `if t: <gone> else: <gone>` goes whole (each branch emptied by the same migration)
             other = owner.orelse if field == "body" else owner.body
@@ -351,21 +370,39 @@ def used_names(model: Model, exclude: Set[int] = frozenset()) -> Dict[str, List[
 
 def removal_of_unused(src: Source, model: Model, specs: Iterable, builder: Optional[Builder] = None,
                       remover: Optional[Remover] = None) -> List[Edit]:
-    """Edits removing the imports ``specs`` that the module no longer reads."""
+    """Edits removing the imports ``specs`` that the module no longer reads.  A read in the test
+    of an ``if`` that goes with them (``if is_apex_available(): from apex import amp``, ``if
+    version.parse(torch.__version__) >= ...: from torch.cuda.amp import autocast``) is no read:
+    the names only such tests read go too (:func:`_read_only_by_tests_that_go`)."""
     specs = list(dict.fromkeys(specs))
     if not specs:
         return []
     b = builder or Builder(src)
     remover = remover or Remover(src, model, b)
     uses = used_names(model)
+    whole, partial = _unused_imports(model, specs, uses, lambda n: False)
+    if whole:
+        trial = Remover(src, model, Builder(src))
+        trial.remove(list(whole))
+        if any(isinstance(s, ast.If) for s in trial.gone.values()):
+            whole, partial = _unused_imports(model, specs, uses, trial.removed)
+            whole += _read_only_by_tests_that_go(model, whole, uses, trial)
+    edits = [b.replace(stmt, _import_text(stmt, keep, src)) for stmt, keep in partial]
+    return edits + remover.remove(whole) if whole else edits
+
+
+def _unused_imports(model: Model, specs, uses, gone) -> Tuple[List[ast.stmt], List[tuple]]:
+    """(import statements that go whole, (statement, the aliases it keeps) for the others that
+    lose some): the aliases of ``specs`` with no read left outside what ``gone`` says goes."""
     whole: List[ast.stmt] = []
-    edits: List[Edit] = []
+    partial: List[tuple] = []
     for stmt in model.imports:
         keep, drop = [], []
         for alias in stmt.names:
             bound = (alias.asname or alias.name).split(".")[0]
             spec = next((sp for sp in specs if _alias_matches(stmt, alias, sp)), None)
-            if spec is not None and not _read_through(model, stmt, bound, uses):
+            live = {bound: [n for n in uses.get(bound, ()) if not gone(n)]}
+            if spec is not None and not _read_through(model, stmt, bound, live):
                 drop.append(alias)
             else:
                 keep.append(alias)
@@ -374,8 +411,26 @@ def removal_of_unused(src: Source, model: Model, specs: Iterable, builder: Optio
         if not keep:
             whole.append(stmt)
         else:
-            edits.append(b.replace(stmt, _import_text(stmt, keep)))
-    return edits + remover.remove(whole) if whole else edits
+            partial.append((stmt, keep))
+    return whole, partial
+
+
+def _read_only_by_tests_that_go(model: Model, whole: List[ast.stmt], uses, trial: "Remover") -> List[ast.stmt]:
+    """``from packaging import version`` read only by ``if version.parse(torch.__version__) >=
+    ...:`` whose body (an ``autocast`` import) goes: the ``if`` goes with it (a query), and so
+    does the import (whole import statements, at module level, binding only such names)."""
+    tests = [s.test for s in trial.gone.values() if isinstance(s, ast.If) and not trial._inside_gone(s)]
+    names = {n.id for t in tests for n in [t, *walk(t)] if isinstance(n, ast.Name)}
+    out = []
+    for stmt in model.imports:
+        if stmt in whole or not isinstance(getattr(stmt, "_p", None), ast.Module):
+            continue
+        bound = {(a.asname or a.name).split(".")[0] for a in stmt.names}
+        if not bound <= names:
+            continue
+        if all(trial.removed(n) for b in bound for n in uses.get(b, [])):
+            out.append(stmt)
+    return out
 
 
 def _read_through(model: Model, stmt, bound: str, uses) -> bool:
@@ -387,8 +442,18 @@ def _read_through(model: Model, stmt, bound: str, uses) -> bool:
     return False
 
 
-def _import_text(stmt, aliases) -> str:
+def _import_text(stmt, aliases, src: Optional[Source] = None) -> str:
+    """The import statement with only ``aliases``; one laid out an alias a line in parentheses
+    keeps that layout, less the lines of the aliases that go."""
     names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in aliases)
+    if src is not None and isinstance(stmt, ast.ImportFrom) and stmt.end_lineno > stmt.lineno:
+        rows = [a.lineno for a in stmt.names]
+        first, last = src.line_text(stmt.lineno), src.line_text(stmt.end_lineno)
+        if len(set(rows)) == len(rows) and first.rstrip().endswith("(") and last.strip() == ")" and \
+                stmt.lineno not in rows and stmt.end_lineno not in rows:
+            kept = {a.lineno for a in aliases}
+            body = [src.line_text(no) for no in range(stmt.lineno + 1, stmt.end_lineno) if no not in rows or no in kept]
+            return src.newline().join([first.lstrip(), *body, last])
     if isinstance(stmt, ast.Import):
         return f"import {names}"
     return f"from {'.' * stmt.level}{stmt.module or ''} import {names}"

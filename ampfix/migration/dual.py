@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import is_const, method_call, string_value
+from ampfix.model.analysis import is_const, method_call, string_value, torch_version_test
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.rule import ImportSpec
@@ -51,31 +51,62 @@ class DualPlanner:
         self.dead: Set[int] = set()
 
     def groups(self) -> List[Group]:
-        out = []
+        plans: List["DualModule"] = []
         for m in list(self.p.modules.values()):
             if not m.editable or "apex" not in m.src.text:
                 continue
-            plan = DualModule(self.p, m)
-            if not plan.applies():
+            plans.append(DualModule(self.p, m))
+        final: Dict[str, "DualModule"] = {plan.m.path: plan for plan in plans if plan.applies()}
+        # `self.use_apex` of a class whose every `= True` can no longer run is False in its
+        # subclasses too, in other modules: they are planned with it, in one group (all or nothing)
+        facts = {cid: (plan, flags) for plan in final.values() for cid, flags in plan.class_flags().items()}
+        parent: Dict[str, str] = {path: path for path in final}
+
+        def root(path: str) -> str:
+            while parent[path] != path:
+                path = parent[path]
+            return path
+
+        for plan in plans:
+            inherited, owners = plan.inherit(facts) if facts else ({}, [])
+            if not inherited:
                 continue
-            g = Group(f"dual:{m.path}", "dual")
+            fresh = DualModule(self.p, plan.m, inherited)
+            if not fresh.applies():
+                continue
+            final[plan.m.path] = fresh
+            parent.setdefault(plan.m.path, plan.m.path)
+            for owner in owners:
+                parent[root(plan.m.path)] = root(owner.m.path)
+        components: Dict[str, List["DualModule"]] = {}
+        for path in sorted(final):
+            components.setdefault(root(path), []).append(final[path])
+        out = []
+        for members in components.values():
+            g = Group(f"dual:{members[0].m.path}", "dual")
             try:
-                plan.plan(g)
-                self.dead |= plan.dead
+                for x in members:
+                    x.plan(g)
+                for x in members:
+                    self.dead |= x.dead
             except Refuse as exc:
                 g.refusal = str(exc)
             except Exception as exc:  # a planner bug: the module is left whole
                 g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
-            for n in plan.claimed:
-                g.add_use(m.path, n)
+            for x in members:
+                for n in x.claimed:
+                    g.add_use(x.m.path, n)
             out.append(g)
         return out
 
 
 class DualModule:
-    def __init__(self, project, module) -> None:
+    def __init__(self, project, module, inherited: Optional[Dict[int, Dict[str, bool]]] = None) -> None:
         self.p = project
         self.m = module
+        #: id of a class of this module -> the apex flags (``self.use_apex``) its base classes settle
+        self.inherited: Dict[int, Dict[str, bool]] = inherited or {}
+        self.attr_flags: Dict[int, Dict[str, bool]] = {}  # id of a class -> its own settled apex flags
         self.code = module.src.code
         self.flags: Set[str] = set()  # names that are False (apex availability)
         self.settled: Dict[str, bool] = {}  # module-level flags' values once the module has loaded
@@ -83,6 +114,7 @@ class DualModule:
         self.selectors: Dict[str, str] = {}  # expression source -> its native value
         self.cli: Dict[str, Tuple[str, str]] = {}  # args.X -> (native value / twin flag, kind "value"|"flag")
         self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
+        self.dead_exprs: List[Tuple[ast.IfExp, ast.expr]] = []  # (a if t else b, the side that runs)
         self.dead: Set[int] = set()
         self.claimed: List[ast.AST] = []
 
@@ -95,9 +127,9 @@ class DualModule:
             return False
         self._flags()
         self._selectors()
-        gated = any(isinstance(n, ast.If) and _torch_version_test(n.test) is not None
+        gated = any(isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
                     for n in walk(tree, into_functions=True))
-        if not self.compared and not self.cli and not self.flags and not gated:
+        if not self.compared and not self.cli and not self.flags and not gated and not self.inherited:
             return False
         self._evaluate()
         # a dual path: some apex use sits in a branch that can no longer run
@@ -225,9 +257,13 @@ class DualModule:
         d = dotted(e)
         if d in self.flags:
             return False
+        if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+            v = self._class_fact(e)
+            if v is not None:
+                return v
         if self._in_function and isinstance(e, ast.Name) and e.id in self.settled:
             return self.settled[e.id]
-        v = _torch_version_test(e)
+        v = torch_version_test(e)
         if v is not None:
             return v
         if d and d.count(".") == 1 and self.cli.get(d.split(".")[1], (None, None))[1] == "flag":
@@ -272,6 +308,10 @@ class DualModule:
             if settled != self.settled:
                 self.settled = settled
                 changed = True
+            attrs = self._settle_attrs()
+            if attrs != self.attr_flags:
+                self.attr_flags = attrs
+                changed = True
             for n in walk(self.m.tree, into_functions=True):
                 if id(n) in self.dead:
                     continue
@@ -281,6 +321,9 @@ class DualModule:
                     v = self._value(n.test)
                     if v is None and self._restates_the_if_before(n):
                         v = False
+                    if v is None:
+                        side = self._apex_choice(n)
+                        v = {"body": False, "orelse": True}.get(side)
                     if v is False and (n, "body") not in self.dead_branches:
                         self.dead_branches.append((n, "body"))
                         self._mark(n.body)
@@ -291,6 +334,19 @@ class DualModule:
                         changed = True
                 elif isinstance(n, ast.Assert) and self._value(n.test) is True:
                     self.dead.add(id(n))
+                elif isinstance(n, ast.IfExp) and all(e is not n for e, _ in self.dead_exprs):
+                    self._in_function = self.m.function_of(n) is not None
+                    v = self._value(n.test)
+                    if v is None:
+                        continue
+                    live, gone = (n.body, n.orelse) if v else (n.orelse, n.body)
+                    # `amp.master_params(opt) if self.use_apex else model.parameters()`,
+                    # `"amp" if _native_amp else "apex"`: the apex side goes
+                    if any(string_value(x) == "apex" for x in [gone, *walk(gone)]) or apex_uses(
+                            self.m.sem, ast.Expr(value=gone)):
+                        self.dead_exprs.append((n, live))
+                        self._mark([gone, n.test])
+                        changed = True
         # apex wrapper classes with a native twin in the module
         self.twins: List[Tuple[ast.ClassDef, ast.ClassDef]] = []
         classes = {c.name: c for c in self.m.tree.body if isinstance(c, ast.ClassDef)}
@@ -303,6 +359,147 @@ class DualModule:
             if twin is not None and uses_amp:
                 self.twins.append((c, twin))
                 self._mark([c])
+
+    # -- a branch that only picks apex, beside one that sets native AMP up ------------------------
+    def _apex_choice(self, n: ast.If) -> Optional[str]:
+        """``if backend == "amp": self.use_amp = True; self.scaler = GradScaler() else: if not
+        apex_available(): raise ImportError(...); self.use_apex = True``: the branch that only
+        picks apex ("body" or "orelse") cannot run once every apex choice takes the native path
+        (the other branch, which sets native AMP up); an ``elif`` that only picks apex goes
+        beside the ``if`` before it that sets native AMP up."""
+        parent = getattr(n, "_p", None)
+        is_elif = (isinstance(parent, ast.If) and len(parent.orelse) == 1 and parent.orelse[0] is n
+                   and self.m.src.line_text(n.lineno).lstrip().startswith("elif"))
+        if self._picks_apex(n.orelse) and self._sets_native_up(n.body):
+            return "orelse"
+        if self._picks_apex(n.body) and (self._sets_native_up(n.orelse) or (is_elif and self._sets_native_up(parent.body))):
+            return "body"
+        return None
+
+    def _picks_apex(self, stmts) -> bool:
+        """Every statement only checks that apex is there, logs, or sets an apex flag to True (one
+        at least)."""
+        if not stmts:
+            return False
+        flag = False
+        for st in stmts:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and is_const(st.value, True) and \
+                    "apex" in (dotted(st.targets[0]) or "").split(".")[-1].lower():
+                flag = True
+            elif isinstance(st, ast.If) and not st.orelse and "apex" in self.m.src.code(st.test).lower() and \
+                    all(isinstance(x, ast.Raise) or _is_log(x) for x in st.body):
+                continue
+            elif isinstance(st, ast.Raise) or _is_log(st) or isinstance(st, ast.Pass):
+                continue
+            elif isinstance(st, (ast.Import, ast.ImportFrom)) and _is_apex_import(st):
+                continue
+            else:
+                return False
+        return flag
+
+    def _sets_native_up(self, stmts) -> bool:
+        from ampfix.model.analysis import GRADSCALER
+
+        for st in stmts:
+            for x in [st, *walk(st)]:
+                if isinstance(x, ast.Call) and any(q in GRADSCALER for q in self.m.sem.qnames(x.func)):
+                    return True
+                if isinstance(x, ast.Assign) and len(x.targets) == 1 and is_const(x.value, True):
+                    last = (dotted(x.targets[0]) or "").split(".")[-1].lower()
+                    if "apex" not in last and ("amp" in last or "native" in last):
+                        return True
+        return False
+
+    # -- apex flags on self ------------------------------------------------------------------------
+    def _classes(self) -> List[ast.ClassDef]:
+        return [c for c in walk(self.m.tree, into_functions=True) if isinstance(c, ast.ClassDef)]
+
+    def _class_of(self, n) -> Optional[ast.ClassDef]:
+        f = self.m.function_of(n)
+        while f is not None and f.cls is None and f.outer is not None:
+            f = f.outer
+        return f.cls if f is not None and f.is_method else None
+
+    def _settle_attrs(self) -> Dict[int, Dict[str, bool]]:
+        """``self.use_apex``: an attribute whose name says apex, stored only as True / False by the
+        methods of its class, is False in them once every ``= True`` lies in code that can no
+        longer run, and nothing else in the project stores it."""
+        stores: Dict[Tuple[int, str], List[ast.AST]] = {}
+        foreign: Set[str] = set()
+        for n in walk(self.m.tree, into_functions=True):
+            if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and "apex" in n.attr.lower()):
+                continue
+            c = self._class_of(n)
+            st = getattr(n, "_p", None)
+            if c is None or not (isinstance(n.value, ast.Name) and n.value.id == "self"):
+                foreign.add(n.attr)
+                continue
+            ok = isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is n and \
+                isinstance(st.value, ast.Constant) and isinstance(st.value.value, bool)
+            stores.setdefault((id(c), n.attr), []).append(st if ok else None)
+        out: Dict[int, Dict[str, bool]] = {}
+        for (cid, attr), sts in stores.items():
+            if attr in foreign or any(x is None for x in sts) or self._stored_elsewhere(attr):
+                continue
+            trues = [x for x in sts if x.value.value is True]
+            if trues and all(id(x) in self.dead for x in trues):
+                out.setdefault(cid, {})[attr] = False
+        return out
+
+    def _stored_elsewhere(self, attr: str) -> bool:
+        import re
+
+        store = re.compile(r"\." + re.escape(attr) + r"\s*=[^=]")
+        for m in self.p.modules.values():
+            if m is self.m or attr not in m.src.text or not store.search(m.src.text):
+                continue
+            return True
+        return False
+
+    def _class_fact(self, e: ast.Attribute) -> Optional[bool]:
+        c = self._class_of(e)
+        if c is None:
+            return None
+        for cid in self._lineage(c):
+            flags = self.attr_flags.get(cid) or self.inherited.get(cid) or {}
+            if e.attr in flags:
+                return flags[e.attr]
+        return None
+
+    def _lineage(self, c: ast.ClassDef) -> List[int]:
+        """``c`` and its base classes of this module (ids), nearest first."""
+        out, todo = [], [c]
+        local = {x.name: x for x in self._classes()}
+        while todo and len(out) < 8:
+            x = todo.pop(0)
+            out.append(id(x))
+            todo.extend(local[b.id] for b in x.bases if isinstance(b, ast.Name) and b.id in local)
+        return out
+
+    def class_flags(self) -> Dict[int, Dict[str, bool]]:
+        """The settled apex flags of this module's classes (after :meth:`applies`)."""
+        return dict(self.attr_flags)
+
+    def inherit(self, facts) -> Tuple[Dict[int, Dict[str, bool]], list]:
+        """The apex flags this module's classes inherit from classes of other modules whose plans
+        settle them (``facts``: id of a class -> (its plan, its flags)), and those plans."""
+        out: Dict[int, Dict[str, bool]] = {}
+        owners = []
+        for c in self._classes():
+            stored = {n.attr for n in walk(c, into_functions=True) if isinstance(n, ast.Attribute)
+                      and isinstance(n.ctx, ast.Store)}
+            for base in c.bases:
+                if not isinstance(base, (ast.Name, ast.Attribute)):
+                    continue
+                init, _ = self.p.resolve(self.m, base)
+                if init is None or init.cls is None or init.module is self.m or id(init.cls) not in facts:
+                    continue
+                plan, flags = facts[id(init.cls)]
+                kept = {a: v for a, v in flags.items() if a not in stored}
+                if kept:
+                    out[id(c)] = kept
+                    owners.append(plan)
+        return out, owners
 
     def _settle(self) -> Dict[str, bool]:
         """Module-level names bound only to True / False at module level: the value each has once
@@ -337,8 +534,9 @@ class DualModule:
                 value = st.value.value
             elif isinstance(st, ast.If) and any(isinstance(x, ast.Assign) and any(
                     isinstance(t, ast.Name) and t.id == name for t in x.targets) for x in walk(st)):
-                dead_body = (st, "body") in self.dead_branches
-                dead_else = (st, "orelse") in self.dead_branches
+                known = self._value(st.test)  # `if torch >= 1.6: flag = True` (no else)
+                dead_body = (st, "body") in self.dead_branches or known is False
+                dead_else = (st, "orelse") in self.dead_branches or known is True
                 if dead_body:
                     value = self._run(st.orelse, name, value)
                 elif dead_else:
@@ -389,6 +587,9 @@ class DualModule:
         for n in walk(m.tree, into_functions=True):
             if isinstance(n, ast.Assert) and id(n) in self.dead and not self._inside_dropped(n):
                 fc.remove(n)
+        for n, live in self.dead_exprs:
+            if id(n) not in self.dead and not self._inside_dropped(n):
+                fc.replace(n, m.src.code(live))
         for c, twin in self.twins:
             if c.lineno > twin.lineno:
                 fc.replace_statement(c, [f"{c.name} = {twin.name}"])
@@ -397,6 +598,7 @@ class DualModule:
                 fc.insert_after(twin, ["", "", f"{c.name} = {twin.name}"], indent=fc.b.indent(twin))
         self._route_cli(fc)
         self._drop_flags(fc)
+        self._helpers_go(fc)
         fc.removes.extend(apex_import_specs(m))
         fc.removes.extend(self._imports_read_only_in_dead_code())
         # `# Multi-gpu training (should be after apex fp16 initialization)`, where an initialize went
@@ -413,6 +615,31 @@ class DualModule:
             notes.append(", ".join(f"{c.name} is now {t.name}" for c, t in self.twins))
         g.notes |= set(notes)
 
+    def _helpers_go(self, fc) -> None:
+        """A module-level function that only code that goes called (``apex_installed()`` in the
+        branch that picked apex) goes too, when no other module names it."""
+        for d in self.m.tree.body:
+            if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) or d.decorator_list or id(d) in self.dead:
+                continue
+            inside = {id(x) for x in walk(d, into_functions=True)}
+            reads = [n for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name) and n.id == d.name
+                     and id(n) not in inside]
+            if not reads or not all(id(n) in self.dead or self._in_dead_test(n) for n in reads):
+                continue
+            if self._read_anywhere_else(d.name):
+                continue
+            fc.remove(d, obsolete=True)
+            self._mark([d])
+
+    def _read_anywhere_else(self, name: str) -> bool:
+        import re
+
+        word = re.compile(r"\b" + re.escape(name) + r"\b")
+        # a module that binds the name itself (its own `_native_amp = True`) does not read this one
+        own = re.compile(r"^[ \t]*" + re.escape(name) + r"[ \t]*=[^=]", re.M)
+        return any(m is not self.m and word.search(m.src.text) and not own.search(m.src.text)
+                   for m in self.p.modules.values()) or bool(self.p.mentioned_elsewhere(name))
+
     def _imports_read_only_in_dead_code(self) -> List[ImportSpec]:
         """Imports whose name only code that goes reads (``ApexScaler`` from another package)."""
         reads: Dict[str, List[ast.AST]] = {}
@@ -424,12 +651,24 @@ class DualModule:
             for a in imp.names:
                 bound = (a.asname or a.name).split(".")[0]
                 r = reads.get(bound, [])
-                if r and all(id(x) in self.dead or self._in_dead_test(x) for x in r):
+                if r and all(id(x) in self.dead or self._in_dead_test(x) or self._in_apex_guard(x) for x in r):
                     if isinstance(imp, ast.Import):
                         out.append(ImportSpec(a.name if a.asname else a.name.split(".")[0], None, a.asname))
                     elif not imp.level and imp.module:
                         out.append(ImportSpec(imp.module, a.name, a.asname))
         return out
+
+    def _in_apex_guard(self, n) -> bool:
+        """``n`` is in the test of ``if importlib.util.find_spec("apex") is not None: from apex
+        import amp``, which goes with the apex import."""
+        from ampfix.engine.tidy import checks_for_apex
+
+        p = getattr(n, "_p", None)
+        while p is not None and not isinstance(p, ast.stmt):
+            p = getattr(p, "_p", None)
+        return isinstance(p, ast.If) and not p.orelse and checks_for_apex(p.test) and all(
+            isinstance(x, (ast.Import, ast.ImportFrom)) and _is_apex_import(x) for x in p.body) and any(
+            y is n for y in walk(p.test))
 
     def _inside_dropped(self, n) -> bool:
         p = getattr(n, "_p", None)
@@ -520,6 +759,17 @@ class DualModule:
                         id(n) not in self.dead and id(n) not in fc.touched and not self._inside_dropped(n):
                     fc.remove(n)
 
+        # `_native_amp = False` at the top, `= True` under a torch version test: once nothing
+        # reads the flag (its tests folded), its stores go (the version test with them, emptied)
+        for flag, value in self.settled.items():
+            if value is not True or self._read_anywhere(flag):
+                continue
+            for n in walk(self.m.tree, into_functions=True):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) == flag and \
+                        isinstance(n.value, ast.Constant) and id(n) not in self.dead and id(n) not in fc.touched \
+                        and not self._inside_dropped(n):
+                    fc.remove(n)
+
         # `_use_native_amp = False` at the top, `= True` (now unconditional) below it: the first
         # is a store nothing reads
         for flag, value in self.settled.items():
@@ -533,6 +783,15 @@ class DualModule:
                         is_const(n.value, False) and id(n) not in self.dead and id(n) not in fc.touched:
                     fc.remove(n)
 
+    def _read_anywhere(self, name: str) -> bool:
+        """``name`` is read in code that stays, here or in another module of the project."""
+        import re
+
+        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in self.dead
+               and not self._in_dead_test(n) for n in walk(self.m.tree, into_functions=True)):
+            return True
+        return self._read_anywhere_else(name)
+
     def _in_dead_test(self, n) -> bool:
         p = getattr(n, "_p", None)
         while p is not None:
@@ -542,27 +801,12 @@ class DualModule:
         return False
 
 
-def _torch_version_test(e) -> Optional[bool]:
-    """``version.parse(torch.__version__) < version.parse("1.6")`` (or ``LooseVersion``,
-    ``float(torch.__version__[:3]) >= 1.6``...): a comparison of the torch version with a 0.x or 1.x
-    release, as it comes out on torch 2, which native AMP (``torch.amp.GradScaler("cuda")``)
-    needs; None for anything else."""
-    if not (isinstance(e, ast.Compare) and len(e.ops) == 1
-            and isinstance(e.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE))):
-        return None
-    sides = [e.left, e.comparators[0]]
-    has_torch = [any(dotted(x) == "torch.__version__" for x in ast.walk(side)) for side in sides]
-    if sorted(has_torch) != [False, True]:
-        return None
-    other = sides[has_torch.index(False)]
-    lits = [x.value for x in ast.walk(other) if isinstance(x, ast.Constant) and not isinstance(x.value, bool)]
-    if len(lits) != 1:
-        return None
-    major = str(lits[0]).strip().split(".")[0]
-    if major not in ("0", "1"):
-        return None
-    below = isinstance(e.ops[0], (ast.Lt, ast.LtE))  # torch (left) is below the release
-    return (not below) if has_torch[0] else below
+def _is_log(st) -> bool:
+    """``logger.info(...)``, ``print(...)``, ``warnings.warn(...)`` as a statement."""
+    if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
+        return False
+    name = dotted(st.value.func) or ""
+    return name == "print" or name.split(".")[-1] in ("info", "warning", "warn", "debug", "error", "log")
 
 
 def _is_apex_import(x) -> bool:

@@ -643,6 +643,8 @@ class SeedRewrites:
         if id(f.cls) in self.default_made or f.node.name == "__init__" or (
                 self._called_from_init(f) and id(f.cls) not in self.must_default):
             return
+        if self._used_only_in(f) and not self.p.mentioned_elsewhere(self.name):
+            return  # the method that makes it is the only one that reads it: no other can miss it
         self.default_made.add(id(f.cls))
         init = next((x for x in f.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and x.name == "__init__"), None)
@@ -669,6 +671,18 @@ class SeedRewrites:
                     self.fc(s.module).insert_after(b, [self._disabled(f"self.{self.name}")])
                     return
         self.fc(s.module).insert_before(first, [self._disabled(f"self.{self.name}")])
+
+    def _used_only_in(self, f) -> bool:
+        """Every use the scaler serves lies in ``f`` (the method that makes it), and nothing else
+        in the project reads ``self.<scaler>``."""
+        if not self.g.needs or any(u.func is not f for u, _ in self.g.needs):
+            return False
+        attr = "." + self.name
+        for m in self.p.modules.values():
+            if attr in m.src.text and any(isinstance(n, ast.Attribute) and n.attr == self.name
+                                          for n in walk(m.tree, into_functions=True)):
+                return False
+        return True
 
     def _called_from_init(self, f) -> bool:
         """Called unconditionally from its class's __init__: self.scaler always exists then."""

@@ -184,7 +184,7 @@ class UseRewrites:
         for cs in sites:
             a = cs.argument(param)
             call_stmt = stmt_of(cs.node)
-            if a is None or not isinstance(a, (ast.Name, ast.Attribute, ast.Subscript)) or (
+            if a is None or not (_arithmetic(a) or isinstance(a, (ast.Name, ast.Attribute, ast.Subscript))) or (
                     isinstance(a, ast.Subscript) and not isinstance(a.value, (ast.Name, ast.Attribute))):
                 raise Refuse(f"`{func.qualname}` at {cs.module.path} line {cs.node.lineno} gets the loss as an "
                              "expression: compute it first, or wrap the forward in autocast by hand")
@@ -194,7 +194,8 @@ class UseRewrites:
             r, still = forward_region(call_stmt, a, cunit, [s.stmt for s in self.g.seeds if s.module is cs.module])
             if r is None and self._in_planned_region(call_stmt, a, cunit):
                 continue  # computed before a loop, by a forward pass an earlier call's region covers
-            if r is not None and cs.caller is not None and self._only_rescales(r, a, cs.caller):
+            if r is not None and cs.caller is not None and isinstance(a, ast.Name) and \
+                    self._only_rescales(r, a, cs.caller):
                 r, still = None, {a.id}
             if r is None and depth < 3 and cs.caller is not None and isinstance(a, ast.Name) and \
                     a.id in [*cs.caller.positional, *cs.caller.kwonly] and a.id in still:
@@ -335,10 +336,11 @@ class UseRewrites:
             loop_vars = self._loop_vars(unit, names)
             backs = self.backward_sites.get(key, [])
             steps = []
+            held = names | self._same_object(unit, names)
             for n in walk(unit):
                 if method_call(n, "step") and not n.args and not n.keywords:
                     r = u.module.src.code(receiver(n))
-                    if r in names or r in loop_vars:
+                    if r in held or r in loop_vars:
                         steps.append(n)
             converted = [s for s in steps if follows(stmt_of(s), backs, unit)]
             self.steps_of[key] = converted
@@ -356,6 +358,35 @@ class UseRewrites:
                 if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
                     anchor = a
             fc.insert_after(anchor, [f"{c.expr}.update()"])
+
+    @staticmethod
+    def _same_object(unit, names: Set[str]) -> Set[str]:
+        """``optimizer = self.optimizer`` before ``model, optimizer = amp.initialize(model,
+        optimizer)`` (which hands the same object back): ``self.optimizer.step()`` steps it too.
+        The local may be bound only by that copy and by initialize."""
+        out: Set[str] = set()
+        binds: Dict[str, List[ast.Assign]] = {}
+        for x in walk(unit):
+            if isinstance(x, ast.Assign):
+                for t in x.targets:
+                    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                        if isinstance(e, ast.Name):
+                            binds.setdefault(e.id, []).append(x)
+            elif isinstance(x, (ast.AugAssign, ast.AnnAssign, ast.For, ast.With, ast.NamedExpr)):
+                for e in walk(x.target if hasattr(x, "target") else x):
+                    if isinstance(e, ast.Name) and isinstance(e.ctx, ast.Store):
+                        binds.setdefault(e.id, []).append(None)
+        for name in names:
+            copies = [a for a in binds.get(name, []) if a is not None and len(a.targets) == 1
+                      and isinstance(a.targets[0], ast.Name) and isinstance(a.value, ast.Attribute)
+                      and (dotted(a.value) or "").startswith("self.")]
+            others = [a for a in binds.get(name, []) if a not in copies]
+            if len(copies) != 1 or not all(
+                    a is not None and isinstance(a.value, ast.Call) and (dotted(a.value.func) or "").endswith(
+                        "amp.initialize") for a in others):
+                continue
+            out.add(dotted(copies[0].value))
+        return out
 
     def _unscale_for_gradient_reads(self, u: Use, c: Carrier, unit, backs, steps) -> None:
         """apex unscaled the gradients when ``scale_loss`` exited: code between the backward and
@@ -1013,3 +1044,15 @@ class UseRewrites:
                         fc.remove(n)
                 return
         raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
+
+
+def _arithmetic(e) -> bool:
+    """``loss / args.grad_acc``, ``-loss``: arithmetic on names, attributes, subscripts of names
+    and constants (no call: the forward pass that makes the loss is before the call that gets it)."""
+    if isinstance(e, ast.BinOp):
+        return _arithmetic(e.left) and _arithmetic(e.right)
+    if isinstance(e, ast.UnaryOp):
+        return _arithmetic(e.operand)
+    if isinstance(e, ast.Subscript):
+        return isinstance(e.value, (ast.Name, ast.Attribute)) and isinstance(e.slice, (ast.Constant, ast.Name))
+    return isinstance(e, (ast.Name, ast.Attribute, ast.Constant))

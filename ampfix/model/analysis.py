@@ -505,3 +505,26 @@ def _ancestors_until(node, stop):
         if p is stop:
             return
         p = getattr(p, "_p", None)
+
+
+def torch_version_test(e) -> Optional[bool]:
+    """``version.parse(torch.__version__) < version.parse("1.6")`` (or ``LooseVersion``,
+    ``float(torch.__version__[:3]) >= 1.6``...): a comparison of the torch version with a 0.x or 1.x
+    release, as it comes out on torch 2, which native AMP (``torch.amp.GradScaler("cuda")``)
+    needs; None for anything else."""
+    if not (isinstance(e, ast.Compare) and len(e.ops) == 1
+            and isinstance(e.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE))):
+        return None
+    sides = [e.left, e.comparators[0]]
+    has_torch = [any(dotted(x) == "torch.__version__" for x in ast.walk(side)) for side in sides]
+    if sorted(has_torch) != [False, True]:
+        return None
+    other = sides[has_torch.index(False)]
+    lits = [x.value for x in ast.walk(other) if isinstance(x, ast.Constant) and not isinstance(x.value, bool)]
+    if len(lits) != 1:
+        return None
+    major = str(lits[0]).strip().split(".")[0]
+    if major not in ("0", "1"):
+        return None
+    below = isinstance(e.ops[0], (ast.Lt, ast.LtE))  # torch (left) is below the release
+    return (not below) if has_torch[0] else below

@@ -1,0 +1,145 @@
+"""Shapes met on the tenth round's repositories (songlab-cal/tape, allenai/longformer,
+studio-ousia/luke, microsoft/LoRA), as small inline scripts; the trainer that picks its backend
+by an option is the project fixture backend_trainer (tests/test_projects.py)."""
+import textwrap
+
+from ampfix.engine.check import check_source
+from ampfix.engine.tidy import checks_for_apex, removal_of_unused
+from ampfix.model.semantic import Model
+from ampfix.model.settings import Settings
+from ampfix.model.source import Source
+from ampfix.model.edits import apply_edits
+from ampfix.registry import all_rules
+from ampfix.rule import ImportSpec
+
+import ast
+
+
+def run(src):
+    return check_source(textwrap.dedent(src).encode(), "x.py", all_rules(), Settings(), fix="safe")
+
+
+# luke's legacy trainer: the optimizer is copied from self, initialized under its local name, and
+# stepped through self
+LOCAL_COPY = """\
+    import torch
+
+
+    class Trainer:
+        def __init__(self, args, model, loader):
+            self.args = args
+            self.model = model
+            self.loader = loader
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def train(self):
+            model = self.model
+            optimizer = self.optimizer
+            if self.args.fp16:
+                from apex import amp
+
+                model, optimizer = amp.initialize(model, optimizer, opt_level=self.args.fp16_opt_level)
+            for x, y in self.loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if self.args.fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                self.optimizer.step()
+                model.zero_grad()
+"""
+
+
+def test_a_step_through_self_of_the_initialized_local_copy_is_the_scalers():
+    out = run(LOCAL_COPY).fixed
+    assert "amp.initialize" not in out and "apex" not in out
+    assert "self.scaler.step(self.optimizer)" in out and "self.scaler.update()" in out
+    # only train() makes and reads the scaler: no disabled one in __init__ as well
+    assert out.count("GradScaler(") == 1
+    compile(out, "x.py", "exec")
+
+
+def test_a_copy_rebound_otherwise_is_not_followed():
+    src = LOCAL_COPY.replace("            for x, y in self.loader:",
+                             "            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                             "            for x, y in self.loader:")
+    res = run(src)
+    assert "amp.initialize" in res.fixed  # refused: the step of the copy is not the scaled optimizer's
+
+
+# LoRA's NLG script: the helper that scales the backward gets `loss / accumulation`
+EXPRESSION = """\
+    import torch
+    from apex import amp
+
+
+    def optimizer_step(loss, optimizer, model, args, is_update=True):
+        if args.fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        if is_update:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    def train(model, optimizer, loader, args):
+        for i, (x, y) in enumerate(loader):
+            out = model(x)
+            loss = torch.nn.functional.mse_loss(out, y)
+            optimizer_step(loss / args.grad_acc, optimizer, model, args, is_update=(i + 1) % args.grad_acc == 0)
+
+
+    def main(args, model, loader):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if args.fp16:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        train(model, optimizer, loader, args)
+"""
+
+
+def test_a_loss_handed_over_as_arithmetic_gets_its_forward_under_autocast():
+    out = run(EXPRESSION).fixed
+    assert "amp.scale_loss" not in out and "amp.initialize" not in out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if "torch.autocast(" in line)
+    assert "out = model(x)" in lines[head + 1]
+    assert "loss / args.grad_acc," in out and "scaler.step(optimizer)" in out and "scaler=scaler" in out
+    compile(out, "x.py", "exec")
+
+
+def test_a_loss_computed_in_the_call_is_still_refused():
+    src = EXPRESSION.replace("optimizer_step(loss / args.grad_acc", "optimizer_step(torch.nn.functional.mse_loss(out, y)")
+    assert "amp.initialize" in run(src).fixed
+
+
+def _tidy(text, specs):
+    src = Source(text.encode(), "x.py", text=text)
+    src.parse()
+    return apply_edits(text, removal_of_unused(src, Model(src.tree), specs))
+
+
+def test_an_alias_a_line_import_keeps_its_layout():
+    text = ("from transformers import (\n    Trainer,\n    is_apex_available,\n)\n\n"
+            "if is_apex_available():\n    from apex import amp\n\nTrainer()\n")
+    out = _tidy(text, [ImportSpec("apex", "amp", None), ImportSpec("transformers", "is_apex_available", None)])
+    assert out == "from transformers import (\n    Trainer,\n)\n\nTrainer()\n"
+
+
+def test_a_torch_version_test_goes_with_the_import_it_guarded():
+    text = ("import torch\nfrom packaging import version\n\n"
+            "if version.parse(torch.__version__) >= version.parse(\"1.6\"):\n"
+            "    from torch.cuda.amp import autocast\n\ntorch.zeros(1)\n")
+    out = _tidy(text, [ImportSpec("torch.cuda.amp", "autocast", None)])
+    assert out == "import torch\n\ntorch.zeros(1)\n"
+    # still read elsewhere: the import of `version` stays, and so does nothing else
+    kept = _tidy(text + "print(version.parse('1'))\n", [ImportSpec("torch.cuda.amp", "autocast", None)])
+    assert "from packaging import version" in kept and "autocast" not in kept
+
+
+def test_checks_for_apex():
+    assert checks_for_apex(ast.parse('importlib.util.find_spec("apex") is not None').body[0].value)
+    assert checks_for_apex(ast.parse("is_apex_available()").body[0].value)
+    assert not checks_for_apex(ast.parse("torch.cuda.is_available()").body[0].value)
