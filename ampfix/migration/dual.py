@@ -32,6 +32,7 @@ in dead code belong to this group; the other planners leave them alone.
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import is_const, method_call, string_value, torch_version_test
@@ -447,8 +448,6 @@ class DualModule:
         return out
 
     def _stored_elsewhere(self, attr: str) -> bool:
-        import re
-
         store = re.compile(r"\." + re.escape(attr) + r"\s*=[^=]")
         for m in self.p.modules.values():
             if m is self.m or attr not in m.src.text or not store.search(m.src.text):
@@ -632,8 +631,6 @@ class DualModule:
             self._mark([d])
 
     def _read_anywhere_else(self, name: str) -> bool:
-        import re
-
         word = re.compile(r"\b" + re.escape(name) + r"\b")
         # a module that binds the name itself (its own `_native_amp = True`) does not read this one
         own = re.compile(r"^[ \t]*" + re.escape(name) + r"[ \t]*=[^=]", re.M)
@@ -785,8 +782,6 @@ class DualModule:
 
     def _read_anywhere(self, name: str) -> bool:
         """``name`` is read in code that stays, here or in another module of the project."""
-        import re
-
         if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in self.dead
                and not self._in_dead_test(n) for n in walk(self.m.tree, into_functions=True)):
             return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 from types import SimpleNamespace
-from typing import Optional, Set
+from typing import Dict, List, Optional, Set
 
 from ampfix.model.analysis import arg, is_const, kwargs, method_call, receiver
 from ampfix.model.apex import param_aliases, param_may_be_none
