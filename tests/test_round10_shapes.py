@@ -14,6 +14,8 @@ from ampfix.rule import ImportSpec
 
 import ast
 
+import torch
+
 
 def run(src):
     return check_source(textwrap.dedent(src).encode(), "x.py", all_rules(), Settings(), fix="safe")
@@ -143,3 +145,72 @@ def test_checks_for_apex():
     assert checks_for_apex(ast.parse('importlib.util.find_spec("apex") is not None').body[0].value)
     assert checks_for_apex(ast.parse("is_apex_available()").body[0].value)
     assert not checks_for_apex(ast.parse("torch.cuda.is_available()").body[0].value)
+
+
+# SegmentationBLWX/sssegmentation (round 11): the back end is a configuration's "type", compared
+# with `in [...]`; the native path unpacks keyword groups of the same configuration
+CONFIG_TYPE = """\
+    import copy
+
+    import torch
+
+
+    def train(cfg, model, optimizer, loader):
+        fp16_cfg = copy.deepcopy(cfg.get('fp16_cfg', {'type': None}))
+        fp16_type, grad_scaler = fp16_cfg.pop('type'), None
+        assert fp16_type in [None, 'apex', 'pytorch']
+        if fp16_type in ['apex']:
+            import apex
+            model, optimizer = apex.amp.initialize(model, optimizer, **fp16_cfg['initialize'])
+        elif fp16_type in ['pytorch']:
+            from torch.cuda.amp import GradScaler, autocast
+            grad_scaler = GradScaler(**fp16_cfg['grad_scaler'])
+        for x, y in loader:
+            optimizer.zero_grad()
+            if fp16_type in ['pytorch']:
+                with autocast(**fp16_cfg['autocast']):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+            else:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            if fp16_type in ['apex']:
+                with apex.amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            elif fp16_type in ['pytorch']:
+                grad_scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if fp16_type in ['pytorch']:
+                grad_scaler.step(optimizer)
+                grad_scaler.update()
+            else:
+                optimizer.step()
+"""
+
+
+def _module(code):
+    ns = {}
+    exec(compile(code, "x.py", "exec"), ns)
+    return ns
+
+
+def test_an_apex_type_read_from_a_configuration_is_routed_to_the_native_path():
+    out = run(CONFIG_TYPE).fixed
+    assert "apex.amp.initialize" not in out and "apex.amp.scale_loss" not in out and "import apex" not in out
+    assert "fp16_cfg.setdefault('grad_scaler', {})" in out and "fp16_cfg.setdefault('autocast', {})" in out
+    assert out.index("if fp16_type == 'apex':") < out.index("assert fp16_type in")
+    # it runs with the configuration written for apex, and with none
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(torch.randn(3, 4), torch.randn(3, 2))]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _module(textwrap.dedent(out))["train"]({"fp16_cfg": {"type": "apex", "initialize": {"opt_level": "O1"}}},
+                                               model, opt, data)
+        _module(textwrap.dedent(out))["train"]({}, model, opt, data)
+
+
+def test_a_plain_read_of_the_configuration_on_the_native_path_refuses():
+    src = CONFIG_TYPE.replace("GradScaler(**fp16_cfg['grad_scaler'])", "GradScaler(init_scale=fp16_cfg['scale'])")
+    res = run(src)
+    assert "apex.amp.initialize" in res.fixed or res.fixed is None

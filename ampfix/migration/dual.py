@@ -35,12 +35,12 @@ import ast
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import is_const, method_call, string_value, torch_version_test
+from ampfix.model.analysis import is_const, method_call, receiver, string_value, torch_version_test
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
-from ampfix.model.semantic import dotted, walk
+from ampfix.model.semantic import block_of, dotted, walk
 
 APEX_WORDS = ("apex",)
 
@@ -175,6 +175,12 @@ class DualModule:
                      and is_const(x.value, True)}
             falses = {dotted(x.targets[0]) for h in t.handlers for x in h.body if isinstance(x, ast.Assign)
                       and len(x.targets) == 1 and is_const(x.value, False)}
+            # `has_apex = False` right before `try: from apex import amp; has_apex = True`
+            owner, field, block = block_of(t)
+            i = next((k for k, x in enumerate(block) if x is t), 0)
+            before = block[i - 1] if i > 0 else None
+            if isinstance(before, ast.Assign) and len(before.targets) == 1 and is_const(before.value, False):
+                falses.add(dotted(before.targets[0]))
             self.flags |= {f for f in trues & falses if f}
 
     def _selectors(self) -> None:
@@ -188,6 +194,10 @@ class DualModule:
                     d = dotted(e)
                     if v is not None and d:
                         others.setdefault(d, set()).add(v)
+            elif _membership(n) is not None:
+                # `fp16_type in ["apex"]`, `assert fp16_type in [None, "apex", "pytorch"]`
+                d, values = _membership(n)
+                others.setdefault(d, set()).update(values)
         dests = self._argparse_dests()
         #: every expression compared with "apex" (a mode variable, an option)
         self.compared = {d for d, values in others.items() if "apex" in values and self._chooses_amp(d)}
@@ -212,6 +222,14 @@ class DualModule:
             parts = d.split(".")
             if len(parts) == 2 and parts[1] in dests:
                 self.cli[d.split(".")[1]] = (native, "value")
+        #: a local selector read from a configuration (`fp16_type = fp16_cfg.pop("type")`): the
+        #: statements that set it, where the apex choice is routed right after
+        self.routes: Dict[str, List[ast.stmt]] = {}
+        for d, native in self.selectors.items():
+            if "." not in d and d in self.compared:
+                sets = self._config_sets(d)
+                if sets:
+                    self.routes[d] = sets
 
     def _chooses_amp(self, d: str) -> bool:
         """``d == "apex"`` picks apex's mixed precision, not another apex feature (``--sync-bn
@@ -281,6 +299,9 @@ class DualModule:
             if any(v is True for v in vals):
                 return True
             return False if all(v is False for v in vals) else None
+        member = _membership(e)
+        if member is not None and member[1] == {"apex"} and self._never_apex(member[0]):
+            return isinstance(e.ops[0], ast.NotIn)  # `fp16_type in ["apex"]`
         if isinstance(e, ast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], (ast.Eq, ast.NotEq)):
             a, b = e.left, e.comparators[0]
             for x, lit in ((a, b), (b, a)):
@@ -294,6 +315,9 @@ class DualModule:
         parts = d.split(".")
         if len(parts) == 2 and parts[1] in self.cli:
             return True  # routed when the arguments are parsed
+        if d in getattr(self, "routes", {}):
+            # routed where it is read from the configuration; a literal "apex" must be dead code
+            return all(id(n) in self.dead for n in self._literal_sets(d, "apex"))
         # every `d = "apex"` lies in code that can no longer run
         for n in walk(self.m.tree, into_functions=True):
             if isinstance(n, ast.Assign) and any(dotted(t) == d for t in n.targets) and string_value(n.value) == "apex":
@@ -596,6 +620,7 @@ class DualModule:
                 fc.remove(c)
                 fc.insert_after(twin, ["", "", f"{c.name} = {twin.name}"], indent=fc.b.indent(twin))
         self._route_cli(fc)
+        self._route_config(fc)
         self._drop_flags(fc)
         self._helpers_go(fc)
         fc.removes.extend(apex_import_specs(m))
@@ -709,6 +734,97 @@ class DualModule:
         fc.touched.add(id(node))
         fc.drop_comment_above(node)  # `# switch between native AMP and apex` no longer says anything
 
+    def _config_sets(self, d: str) -> List[ast.stmt]:
+        """The statements that set the local ``d`` from something other than a string literal
+        (``fp16_type, grad_scaler = fp16_cfg.pop("type"), None``), when every binding of ``d`` in
+        the module is such an assignment or a literal one (no parameter, loop or import binds it)."""
+        out = []
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.arg) and n.arg == d:
+                return []
+            if isinstance(n, ast.Name) and n.id == d and isinstance(n.ctx, ast.Store):
+                st = getattr(n, "_p", None)
+                while isinstance(st, (ast.Tuple, ast.List)):
+                    st = getattr(st, "_p", None)
+                if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+                    return []
+                v = self._assigned(st, d)
+                if v is None:
+                    return []
+                if not isinstance(v, ast.Constant):
+                    out.append(st)
+            elif isinstance(n, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)) and d in names_of(n):
+                return []
+        return out
+
+    @staticmethod
+    def _assigned(st: ast.Assign, d: str) -> Optional[ast.expr]:
+        """The value ``st`` gives the name ``d`` (an element of a tuple assignment too)."""
+        t, v = st.targets[0], st.value
+        if isinstance(t, ast.Name):
+            return v if t.id == d else None
+        if isinstance(t, (ast.Tuple, ast.List)) and isinstance(v, (ast.Tuple, ast.List)) and len(t.elts) == len(v.elts):
+            for te, ve in zip(t.elts, v.elts):
+                if isinstance(te, ast.Name) and te.id == d:
+                    return ve
+        return None
+
+    def _literal_sets(self, d: str, value: str) -> List[ast.stmt]:
+        out = []
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and string_value(self._assigned(n, d)) == value:
+                out.append(n)
+        return out
+
+    def _route_config(self, fc) -> None:
+        """``fp16_type = fp16_cfg.pop("type")``: right after it the apex choice becomes the native
+        one, said once; the native path's keyword groups of the same configuration
+        (``GradScaler(**fp16_cfg["grad_scaler"])``), which a configuration written for apex lacks,
+        default to none (``fp16_cfg.setdefault("grad_scaler", {})``)."""
+        for d, sets in sorted(getattr(self, "routes", {}).items()):
+            native = self.selectors[d]
+            for st in sets:
+                if id(st) in self.dead:
+                    continue
+                v = self._assigned(st, d)
+                cfg = receiver(v) if isinstance(v, ast.Call) and method_call(v, "pop", "get") else (
+                    v.value if isinstance(v, ast.Subscript) else None)
+                lines = [f'if {d} == "apex":',
+                         f'    print("{d} \'apex\' now runs native AMP (torch.amp): NVIDIA removed apex.amp")',
+                         f'    {d} = "{native}"']
+                if isinstance(cfg, ast.Name):
+                    for key in self._kwarg_groups(cfg.id, d):
+                        lines.append(f'    {cfg.id}.setdefault("{key}", {{}})')
+                fc.insert_after(st, lines)
+
+    def _kwarg_groups(self, cfg: str, d: str) -> List[str]:
+        """The keys of ``cfg`` that code that stays unpacks as keyword groups (``**cfg["autocast"]``)
+        under a test of ``d``; a plain read there refuses (an apex configuration may lack it)."""
+        keys = []
+        for n in walk(self.m.tree, into_functions=True):
+            if not (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == cfg
+                    and isinstance(n.ctx, ast.Load) and string_value(n.slice) is not None) or id(n) in self.dead:
+                continue
+            under = any(isinstance(a, ast.If) and any(isinstance(x, ast.Name) and x.id == d for x in walk(a.test))
+                        for a in self._ancestors(n))
+            if not under:
+                continue
+            p = getattr(n, "_p", None)
+            if isinstance(p, ast.keyword) and p.arg is None:
+                if n.slice.value not in keys:
+                    keys.append(n.slice.value)
+            else:
+                raise Refuse(f"line {n.lineno}: the native path reads `{self.m.src.code(n)}`, which a configuration "
+                             "written for apex may lack: route the apex choice by hand")
+        return keys
+
+    @staticmethod
+    def _ancestors(n):
+        p = getattr(n, "_p", None)
+        while p is not None:
+            yield p
+            p = getattr(p, "_p", None)
+
     def _route_cli(self, fc) -> None:
         """Right after the arguments are parsed: the apex choice becomes the native one, said once."""
         if not self.cli:
@@ -794,6 +910,24 @@ class DualModule:
                 return True
             p = getattr(p, "_p", None)
         return False
+
+
+def _membership(e) -> Optional[Tuple[str, Set[str]]]:
+    """``x in ["apex"]`` / ``x not in ("apex", "O1")``: (x's dotted name, the strings listed), for a
+    list, tuple or set of constants (``None`` among them is left out)."""
+    if not (isinstance(e, ast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], (ast.In, ast.NotIn))):
+        return None
+    d, seq = dotted(e.left), e.comparators[0]
+    if not d or not isinstance(seq, (ast.List, ast.Tuple, ast.Set)) or not seq.elts or not all(
+            isinstance(x, ast.Constant) and (x.value is None or isinstance(x.value, str)) for x in seq.elts):
+        return None
+    return d, {x.value for x in seq.elts if isinstance(x.value, str)}
+
+
+def names_of(imp) -> Set[str]:
+    if isinstance(imp, (ast.Global, ast.Nonlocal)):
+        return set(imp.names)
+    return {(a.asname or a.name).split(".")[0] for a in imp.names}
 
 
 def _is_log(st) -> bool:
