@@ -13,6 +13,8 @@ from ampfix.registry import all_rules
 from ampfix.rule import ImportSpec
 
 import ast
+import shutil
+from pathlib import Path
 
 import torch
 
@@ -214,3 +216,81 @@ def test_a_plain_read_of_the_configuration_on_the_native_path_refuses():
     src = CONFIG_TYPE.replace("GradScaler(**fp16_cfg['grad_scaler'])", "GradScaler(init_scale=fp16_cfg['scale'])")
     res = run(src)
     assert "apex.amp.initialize" in res.fixed or res.fixed is None
+
+
+# round 12: the Swin lineage's registry hook inside a subfolder of a repository whose classifier
+# at the root keeps an apex loss-scaler class of its own (NVlabs/FAN), and a sibling project's
+# copy of the runner that saves apex's state with no apex setup of its own (Sense-X/UniFormer)
+REGISTRY = Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "registry_hook" / "before"
+
+UNSWITCHED_SCALER = """\
+from apex import amp
+
+
+class SamScaler:
+    def __call__(self, loss, optimizer):
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+
+def _migrate(root):
+    from click.testing import CliRunner
+
+    from ampfix.cli import main
+
+    return CliRunner().invoke(main, ["migrate", "--write", "--torch-version", "2.4", str(root)])
+
+
+CLASSIFIER = """\
+import torch
+from apex import amp
+
+from utils.scaler import SamScaler
+
+
+def main(model, loader):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_registry_hook_in_a_subfolder_migrates_beside_an_unswitched_scaler_elsewhere(tmp_path):
+    shutil.copytree(REGISTRY, tmp_path / "detection")
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("")
+    (tmp_path / "utils" / "scaler.py").write_text(UNSWITCHED_SCALER)
+    (tmp_path / "main.py").write_text(CLASSIFIER)
+    out = _migrate(tmp_path)
+    assert out.exit_code in (0, 1), out.output
+    for p in (tmp_path / "detection").rglob("*.py"):
+        assert p.read_text() == (REGISTRY.parent / "after" / p.relative_to(tmp_path / "detection")).read_text(), p
+    # the scaler class nothing initializes apex for stays, with its reason
+    assert (tmp_path / "utils" / "scaler.py").read_text() == UNSWITCHED_SCALER
+    assert "utils/scaler.py" in out.output and "not rewritten" in out.output
+
+
+def test_a_sibling_copy_of_the_runner_without_a_setup_stays(tmp_path):
+    shutil.copytree(REGISTRY, tmp_path / "detection")
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("")
+    (tmp_path / "utils" / "scaler.py").write_text(UNSWITCHED_SCALER)
+    (tmp_path / "main.py").write_text(CLASSIFIER)
+    (tmp_path / "segmentation" / "custom").mkdir(parents=True)
+    for name in ("checkpoint.py", "runner.py"):
+        shutil.copy(REGISTRY / "custom" / name, tmp_path / "segmentation" / "custom" / name)
+    (tmp_path / "segmentation" / "custom" / "__init__.py").write_text("")
+    shutil.copytree(REGISTRY / "tinymm", tmp_path / "segmentation" / "tinymm")
+    out = _migrate(tmp_path)
+    assert out.exit_code in (0, 1), out.output
+    for p in (tmp_path / "detection").rglob("*.py"):
+        assert p.read_text() == (REGISTRY.parent / "after" / p.relative_to(tmp_path / "detection")).read_text(), p
+    # the copy whose project never initializes apex is not tied to the detector's hook
+    for name in ("checkpoint.py", "runner.py"):
+        assert (tmp_path / "segmentation" / "custom" / name).read_text() == (REGISTRY / "custom" / name).read_text()

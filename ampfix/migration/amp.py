@@ -348,13 +348,28 @@ class AmpPlanner:
             lone.append(s)
         if not lone:
             return same
-        switch = find_switches(self.p, failing, max(s.idx for s in seeds) + 1)
+        unswitched: List[Use] = []
+        switch = find_switches(self.p, failing, max(s.idx for s in seeds) + 1, unswitched)
         if not switch:
             return same
+        # a scaled backward with no switch stays as it is (refused on its own), when no setup
+        # that goes is as near it in the folders as to its own trainer's switch
+        if any(_shared_folders(s.module.path, u.module.path) >= max(
+                _shared_folders(s.module.path, sw.module.path) for sw in switch) for s in lone for u in unswitched):
+            return same
+        alone = {id(u) for u in unswitched}
         kept = [s for s in seeds if s not in lone and getattr(s, "exported_from", (None,))[0] not in lone]
         new = Solver(self.p, [s for s in kept if s.idx not in bad] + switch, name)
         again = [(u, new.solve(u.module, u.func) if u.kind in SCALER_KINDS else None) for u, _ in need]
-        left = [i for i, (u, c) in enumerate(again) if u.kind in SCALER_KINDS and (c is None or not c.seeds)]
+        cands = [i for i, (u, c) in enumerate(again) if u.kind in SCALER_KINDS and (c is None or not c.seeds)
+                 and id(u) not in alone and not any(_shared_folders(u.module.path, x.module.path) > _nearness(
+                     u, switch) for x in unswitched)]
+        # a sibling copy of the same module nearer the switch (object_detection/mmcv_custom/runner
+        # beside semantic_segmentation/mmcv_custom/runner) is the switch's; this one belongs to a
+        # project with none, and stays as it is
+        left = [i for i in cands if not any(
+            _tail(again[j][0].module.path) == _tail(again[i][0].module.path)
+            and _nearness(again[j][0], switch) > _nearness(again[i][0], switch) for j in cands)]
         if left:
             # the scaler lives in objects a registry builds from the configuration: a checkpoint
             # helper or a runner that saved apex's state cannot reach it.  Its state is dropped
@@ -362,7 +377,8 @@ class AmpPlanner:
             # only there: every other use must reach the scaler.
             if any(again[i][0].kind not in ("state_dict", "load_state_dict") for i in left) or \
                     not built_by_configuration(self.p, switch) or \
-                    any(s.training and s.idx not in bad for s in kept):
+                    any(s.training and s.idx not in bad and _as_near(s, switch, again[i][0].module.path)
+                        for s in kept for i in left):
                 return same
             for i in left:
                 u = again[i][0]
@@ -608,6 +624,30 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 fc = self.fc(m)
                 fc.adds.append(ImportSpec("torch"))
                 fc.removes.extend(apex_import_specs(m))
+
+
+def _shared_folders(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a.split("/")[:-1], b.split("/")[:-1]):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _nearness(u, switch: List[SwitchSeed]) -> int:
+    return max(_shared_folders(u.module.path, sw.module.path) for sw in switch)
+
+
+def _tail(path: str) -> str:
+    return "/".join(path.split("/")[-2:])
+
+
+def _as_near(seed, switch: List[SwitchSeed], path: str) -> bool:
+    """A training seed at least as near ``path`` in the folders as the nearest switch: its
+    project may be the one whose state ``path`` saves (another project of a monorepo, a
+    classifier beside a detector, is not)."""
+    return _shared_folders(seed.module.path, path) >= max(_shared_folders(sw.module.path, path) for sw in switch)
 
 
 def _nearest(switch: List[SwitchSeed], path: str) -> List[SwitchSeed]:

@@ -131,9 +131,13 @@ def switch_home(project, f, chain: str):
     return init, top[0]
 
 
-def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[SwitchSeed]]:
+def find_switches(project, failing: List[Use], first_idx: int,
+                  unswitched: Optional[List[Use]] = None) -> Optional[List[SwitchSeed]]:
     """The switch seeds for the scaled backwards no initialize reaches: one per ``__init__``;
-    None unless every one of them is switched that way."""
+    None unless every one of them is switched that way.  With ``unswitched`` (a list), a scaled
+    backward with no switch of its own (another project of the repository, an apex loss-scaler
+    class of a classifier beside a detector) is put there instead, and the others still get
+    theirs; the caller decides whether they are apart enough."""
     scaled = [u for u in failing if u.kind == "scale_loss"]
     if not scaled:
         return None
@@ -141,11 +145,12 @@ def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[
     idx = first_idx
     for u in scaled:
         got = switch_test(u)
-        if got is None:
-            return None
-        homes = _homes(project, u.func, got[1])
+        homes = _homes(project, u.func, got[1]) if got is not None else None
         if not homes:
-            return None
+            if unswitched is None:
+                return None
+            unswitched.append(u)
+            continue
         for init, stmt, switch in homes:
             known = by_init.get(id(stmt))
             if known is not None:
@@ -154,7 +159,7 @@ def find_switches(project, failing: List[Use], first_idx: int) -> Optional[List[
                 continue
             by_init[id(stmt)] = SwitchSeed(u, idx, init, stmt, switch)
             idx += 1
-    return list(by_init.values())
+    return list(by_init.values()) or None
 
 
 def _names_in(expr) -> List[str]:
