@@ -13,6 +13,7 @@ that fails in one file is taken back everywhere (:mod:`ampfix.project.graph`).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -195,9 +196,12 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
     original = src.text
     failed: List[Tuple[Fix, str]] = []
     seen_failed = set()
+    first: List[Report] = []
     for n_pass in range(MAX_PASSES):
         ctx, reports = analyse(src, active, settings, plan if n_pass == 0 or not plan else plan.without_fixes())
         reports = [r for r in reports if not sup.suppressed(r.line, r.rule.code)]
+        if n_pass == 0:
+            first = reports
         if not fix:
             break
         fixes = list({id(r.fix): r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")
@@ -218,6 +222,8 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         src = Source(src.encode(new_text), path, text=new_text, encoding=src.encoding)
         src.parse()
         sup = Suppressions(src)
+    if reports is not first:
+        reports = _with_planned_reasons(reports, first)
     result.diagnostics = sorted([*(_diagnostic(path, r) for r in reports), *_unknown_noqa(path, sup)],
                                 key=Diagnostic.sort_key)
     for f, why in failed:
@@ -229,6 +235,24 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         result.fixed = src.text
         result.fixed_bytes = src.encode(src.text) if src.text != original else src.data
     return result
+
+
+def _with_planned_reasons(reports: List[Report], first: List[Report]) -> List[Report]:
+    """The passes after the first run with no plan (its positions no longer match the edited
+    text), so what is left loses the planner's reason (``... (not rewritten: why)``).  Each such
+    report takes it back from the first pass's report of the same rule and message, in order."""
+    reasons: Dict[tuple, List[str]] = {}
+    for r in first:
+        base, sep, _ = r.message.partition(" (not rewritten")
+        if sep:
+            reasons.setdefault((r.rule.code, base), []).append(r.message)
+    if not reasons:
+        return reports
+    out = []
+    for r in reports:
+        queue = reasons.get((r.rule.code, r.message))
+        out.append(dataclasses.replace(r, message=queue.pop(0)) if queue else r)
+    return out
 
 
 def _unknown_noqa(path: str, sup: Optional[Suppressions]) -> List[Diagnostic]:

@@ -354,8 +354,8 @@ class AmpPlanner:
             return same
         # a scaled backward with no switch stays as it is (refused on its own), when no setup
         # that goes is as near it in the folders as to its own trainer's switch
-        if any(_shared_folders(s.module.path, u.module.path) >= max(
-                _shared_folders(s.module.path, sw.module.path) for sw in switch) for s in lone for u in unswitched):
+        if any(_shared_folders(s.module.path, u.module.path) >= _nearness(s.module.path, switch)
+               for s in lone for u in unswitched):
             return same
         alone = {id(u) for u in unswitched}
         kept = [s for s in seeds if s not in lone and getattr(s, "exported_from", (None,))[0] not in lone]
@@ -363,13 +363,14 @@ class AmpPlanner:
         again = [(u, new.solve(u.module, u.func) if u.kind in SCALER_KINDS else None) for u, _ in need]
         cands = [i for i, (u, c) in enumerate(again) if u.kind in SCALER_KINDS and (c is None or not c.seeds)
                  and id(u) not in alone and not any(_shared_folders(u.module.path, x.module.path) > _nearness(
-                     u, switch) for x in unswitched)]
+                     u.module.path, switch) for x in unswitched)]
         # a sibling copy of the same module nearer the switch (object_detection/mmcv_custom/runner
         # beside semantic_segmentation/mmcv_custom/runner) is the switch's; this one belongs to a
         # project with none, and stays as it is
         left = [i for i in cands if not any(
             _tail(again[j][0].module.path) == _tail(again[i][0].module.path)
-            and _nearness(again[j][0], switch) > _nearness(again[i][0], switch) for j in cands)]
+            and _nearness(again[j][0].module.path, switch) > _nearness(again[i][0].module.path, switch)
+            for j in cands)]
         if left:
             # the scaler lives in objects a registry builds from the configuration: a checkpoint
             # helper or a runner that saved apex's state cannot reach it.  Its state is dropped
@@ -377,8 +378,8 @@ class AmpPlanner:
             # only there: every other use must reach the scaler.
             if any(again[i][0].kind not in ("state_dict", "load_state_dict") for i in left) or \
                     not built_by_configuration(self.p, switch) or \
-                    any(s.training and s.idx not in bad and _as_near(s, switch, again[i][0].module.path)
-                        for s in kept for i in left):
+                    any(s.training and s.idx not in bad and _shared_folders(s.module.path, again[i][0].module.path)
+                        >= _nearness(again[i][0].module.path, switch) for s in kept for i in left):
                 return same
             for i in left:
                 u = again[i][0]
@@ -627,6 +628,7 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
 
 
 def _shared_folders(a: str, b: str) -> int:
+    """How many leading folders the paths ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a.split("/")[:-1], b.split("/")[:-1]):
         if x != y:
@@ -635,30 +637,18 @@ def _shared_folders(a: str, b: str) -> int:
     return n
 
 
-def _nearness(u, switch: List[SwitchSeed]) -> int:
-    return max(_shared_folders(u.module.path, sw.module.path) for sw in switch)
+def _nearness(path: str, switch: List[SwitchSeed]) -> int:
+    """The most leading folders ``path`` shares with a switch seed's module: a training seed at
+    least that near may be the project whose state ``path`` saves (another project of a
+    monorepo, a classifier beside a detector, is not)."""
+    return max(_shared_folders(sw.module.path, path) for sw in switch)
 
 
 def _tail(path: str) -> str:
     return "/".join(path.split("/")[-2:])
 
 
-def _as_near(seed, switch: List[SwitchSeed], path: str) -> bool:
-    """A training seed at least as near ``path`` in the folders as the nearest switch: its
-    project may be the one whose state ``path`` saves (another project of a monorepo, a
-    classifier beside a detector, is not)."""
-    return _shared_folders(seed.module.path, path) >= max(_shared_folders(sw.module.path, path) for sw in switch)
-
-
 def _nearest(switch: List[SwitchSeed], path: str) -> List[SwitchSeed]:
     """The switch seeds whose modules share the most leading folders with ``path``."""
-    def shared(a: str) -> int:
-        n = 0
-        for x, y in zip(a.split("/")[:-1], path.split("/")[:-1]):
-            if x != y:
-                break
-            n += 1
-        return n
-
-    best = max(shared(sw.module.path) for sw in switch)
-    return [sw for sw in switch if shared(sw.module.path) == best]
+    best = _nearness(path, switch)
+    return [sw for sw in switch if _shared_folders(sw.module.path, path) == best]

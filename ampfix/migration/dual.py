@@ -35,7 +35,8 @@ import ast
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import is_const, method_call, receiver, string_value, torch_version_test
+from ampfix.engine.tidy import checks_for_apex
+from ampfix.model.analysis import AUTOCAST, GRADSCALER, is_const, method_call, receiver, string_value, torch_version_test
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.rule import ImportSpec
@@ -116,6 +117,9 @@ class DualModule:
         self.cli: Dict[str, Tuple[str, str]] = {}  # args.X -> (native value / twin flag, kind "value"|"flag")
         self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
         self.dead_exprs: List[Tuple[ast.IfExp, ast.expr]] = []  # (a if t else b, the side that runs)
+        #: a local selector read from a configuration (`fp16_type = fp16_cfg.pop("type")`) -> the
+        #: statements that set it, where the apex choice is routed right after
+        self.routes: Dict[str, List[ast.stmt]] = {}
         self.dead: Set[int] = set()
         self.claimed: List[ast.AST] = []
 
@@ -140,8 +144,6 @@ class DualModule:
     def _native_path(self) -> bool:
         """The module (or one it imports a twin from) already has native AMP: autocast, GradScaler,
         torch.cuda.amp, a Native* wrapper class, or a "native" choice."""
-        from ampfix.model.analysis import AUTOCAST, GRADSCALER
-
         known = AUTOCAST | GRADSCALER
         for n in walk(self.m.tree, into_functions=True):
             if isinstance(n, (ast.Name, ast.Attribute)):
@@ -194,10 +196,9 @@ class DualModule:
                     d = dotted(e)
                     if v is not None and d:
                         others.setdefault(d, set()).add(v)
-            elif _membership(n) is not None:
+            elif (member := _membership(n)) is not None:
                 # `fp16_type in ["apex"]`, `assert fp16_type in [None, "apex", "pytorch"]`
-                d, values = _membership(n)
-                others.setdefault(d, set()).update(values)
+                others.setdefault(member[0], set()).update(member[1])
         dests = self._argparse_dests()
         #: every expression compared with "apex" (a mode variable, an option)
         self.compared = {d for d, values in others.items() if "apex" in values and self._chooses_amp(d)}
@@ -222,11 +223,8 @@ class DualModule:
             parts = d.split(".")
             if len(parts) == 2 and parts[1] in dests:
                 self.cli[d.split(".")[1]] = (native, "value")
-        #: a local selector read from a configuration (`fp16_type = fp16_cfg.pop("type")`): the
-        #: statements that set it, where the apex choice is routed right after
-        self.routes: Dict[str, List[ast.stmt]] = {}
-        for d, native in self.selectors.items():
-            if "." not in d and d in self.compared:
+        for d in self.selectors:
+            if "." not in d:
                 sets = self._config_sets(d)
                 if sets:
                     self.routes[d] = sets
@@ -315,7 +313,7 @@ class DualModule:
         parts = d.split(".")
         if len(parts) == 2 and parts[1] in self.cli:
             return True  # routed when the arguments are parsed
-        if d in getattr(self, "routes", {}):
+        if d in self.routes:
             # routed where it is read from the configuration; a literal "apex" must be dead code
             return all(id(n) in self.dead for n in self._literal_sets(d, "apex"))
         # every `d = "apex"` lies in code that can no longer run
@@ -393,8 +391,7 @@ class DualModule:
         (the other branch, which sets native AMP up); an ``elif`` that only picks apex goes
         beside the ``if`` before it that sets native AMP up."""
         parent = getattr(n, "_p", None)
-        is_elif = (isinstance(parent, ast.If) and len(parent.orelse) == 1 and parent.orelse[0] is n
-                   and self.m.src.line_text(n.lineno).lstrip().startswith("elif"))
+        is_elif = isinstance(parent, ast.If) and len(parent.orelse) == 1 and parent.orelse[0] is n and self._is_elif(n)
         if self._picks_apex(n.orelse) and self._sets_native_up(n.body):
             return "orelse"
         if self._picks_apex(n.body) and (self._sets_native_up(n.orelse) or (is_elif and self._sets_native_up(parent.body))):
@@ -423,8 +420,6 @@ class DualModule:
         return flag
 
     def _sets_native_up(self, stmts) -> bool:
-        from ampfix.model.analysis import GRADSCALER
-
         for st in stmts:
             for x in [st, *walk(st)]:
                 if isinstance(x, ast.Call) and any(q in GRADSCALER for q in self.m.sem.qnames(x.func)):
@@ -579,7 +574,7 @@ class DualModule:
         parent = getattr(n, "_p", None)
         if not (isinstance(parent, ast.If) and len(parent.orelse) == 1 and parent.orelse[0] is n):
             return False
-        if not self.m.src.line_text(n.lineno).lstrip().startswith("elif"):
+        if not self._is_elif(n):
             return False
         test = parent.test
         rest = [v for v in test.values if self._value(v) is not True] if isinstance(test, ast.BoolOp) and \
@@ -650,17 +645,10 @@ class DualModule:
                      and id(n) not in inside]
             if not reads or not all(id(n) in self.dead or self._in_dead_test(n) for n in reads):
                 continue
-            if self._read_anywhere_else(d.name):
+            if self.p.named_elsewhere(self.m, d.name):
                 continue
             fc.remove(d, obsolete=True)
             self._mark([d])
-
-    def _read_anywhere_else(self, name: str) -> bool:
-        word = re.compile(r"\b" + re.escape(name) + r"\b")
-        # a module that binds the name itself (its own `_native_amp = True`) does not read this one
-        own = re.compile(r"^[ \t]*" + re.escape(name) + r"[ \t]*=[^=]", re.M)
-        return any(m is not self.m and word.search(m.src.text) and not own.search(m.src.text)
-                   for m in self.p.modules.values()) or bool(self.p.mentioned_elsewhere(name))
 
     def _imports_read_only_in_dead_code(self) -> List[ImportSpec]:
         """Imports whose name only code that goes reads (``ApexScaler`` from another package)."""
@@ -683,14 +671,15 @@ class DualModule:
     def _in_apex_guard(self, n) -> bool:
         """``n`` is in the test of ``if importlib.util.find_spec("apex") is not None: from apex
         import amp``, which goes with the apex import."""
-        from ampfix.engine.tidy import checks_for_apex
-
         p = getattr(n, "_p", None)
         while p is not None and not isinstance(p, ast.stmt):
             p = getattr(p, "_p", None)
         return isinstance(p, ast.If) and not p.orelse and checks_for_apex(p.test) and all(
             isinstance(x, (ast.Import, ast.ImportFrom)) and _is_apex_import(x) for x in p.body) and any(
             y is n for y in walk(p.test))
+
+    def _is_elif(self, n: ast.If) -> bool:
+        return self.m.src.line_text(n.lineno).lstrip().startswith("elif")
 
     def _inside_dropped(self, n) -> bool:
         p = getattr(n, "_p", None)
@@ -703,7 +692,7 @@ class DualModule:
     def _drop_branch(self, fc, node: ast.If, field: str) -> None:
         b = fc.b
         src = self.m.src
-        if field == "body" and src.line_text(node.lineno).lstrip().startswith("elif"):
+        if field == "body" and self._is_elif(node):
             # `elif dead: ...` goes, from its line to the `else` / `elif` that follows it
             end = node.end_lineno
             if node.orelse:
@@ -722,7 +711,7 @@ class DualModule:
             fc.remove(node, described=True)
             return
         first = node.orelse[0]
-        if len(node.orelse) == 1 and isinstance(first, ast.If) and src.line_text(first.lineno).lstrip().startswith("elif"):
+        if len(node.orelse) == 1 and isinstance(first, ast.If) and self._is_elif(first):
             # drop `if dead: ...` and make the `elif` the `if`
             a = src.starts[b.first_line(node) - 1]
             elif_at = src.offset(first.lineno, first.col_offset)
@@ -753,7 +742,7 @@ class DualModule:
                     return []
                 if not isinstance(v, ast.Constant):
                     out.append(st)
-            elif isinstance(n, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)) and d in names_of(n):
+            elif isinstance(n, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)) and d in _names_of(n):
                 return []
         return out
 
@@ -781,7 +770,7 @@ class DualModule:
         one, said once; the native path's keyword groups of the same configuration
         (``GradScaler(**fp16_cfg["grad_scaler"])``), which a configuration written for apex lacks,
         default to none (``fp16_cfg.setdefault("grad_scaler", {})``)."""
-        for d, sets in sorted(getattr(self, "routes", {}).items()):
+        for d, sets in sorted(self.routes.items()):
             native = self.selectors[d]
             for st in sets:
                 if id(st) in self.dead:
@@ -901,7 +890,7 @@ class DualModule:
         if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in self.dead
                and not self._in_dead_test(n) for n in walk(self.m.tree, into_functions=True)):
             return True
-        return self._read_anywhere_else(name)
+        return self.p.named_elsewhere(self.m, name)
 
     def _in_dead_test(self, n) -> bool:
         p = getattr(n, "_p", None)
@@ -924,7 +913,7 @@ def _membership(e) -> Optional[Tuple[str, Set[str]]]:
     return d, {x.value for x in seq.elts if isinstance(x.value, str)}
 
 
-def names_of(imp) -> Set[str]:
+def _names_of(imp) -> Set[str]:
     if isinstance(imp, (ast.Global, ast.Nonlocal)):
         return set(imp.names)
     return {(a.asname or a.name).split(".")[0] for a in imp.names}

@@ -728,7 +728,7 @@ class Fp16Plan(Rewriter):
             within = {id(n) for n in walk(d, into_functions=True)}
             used = [n for n in walk(m.tree, into_functions=True) if isinstance(n, ast.Name) and n.id == name
                     and id(n) not in inside and id(n) not in within]
-            if used or self.p.mentioned_elsewhere(name) or id(d) in self.fc(m).touched:
+            if used or self.p.named_elsewhere(m, name) or id(d) in self.fc(m).touched:
                 continue
             self.fc(m).remove(d, obsolete=True)
             self.notes.add(f"`{name}`, which only that warm-up called, goes too")

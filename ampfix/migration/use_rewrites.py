@@ -372,8 +372,9 @@ class UseRewrites:
                     for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
                         if isinstance(e, ast.Name):
                             binds.setdefault(e.id, []).append(x)
-            elif isinstance(x, (ast.AugAssign, ast.AnnAssign, ast.For, ast.With, ast.NamedExpr)):
-                for e in walk(x.target if hasattr(x, "target") else x):
+            elif isinstance(x, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.NamedExpr, ast.withitem)):
+                target = x.optional_vars if isinstance(x, ast.withitem) else x.target
+                for e in [target, *walk(target)] if target is not None else []:
                     if isinstance(e, ast.Name) and isinstance(e.ctx, ast.Store):
                         binds.setdefault(e.id, []).append(None)
         for name in names:

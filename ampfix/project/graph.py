@@ -474,6 +474,16 @@ class Project:
         self._index_calls(name)
         return self._refs.get(id(f.node), [])
 
+    def named_elsewhere(self, module: Module, name: str) -> bool:
+        """Another module of the run names ``name`` as a word (a module that binds it itself, with
+        its own ``def name`` or ``name = ...``, reads its own), or a file not read for this run
+        does: a module-level function or flag of ``module`` may be read there."""
+        word = re.compile(r"\b" + re.escape(name) + r"\b")
+        own = re.compile(r"^[ \t]*(?:(?:async[ \t]+)?def[ \t]+" + re.escape(name) + r"\b|" + re.escape(name)
+                         + r"[ \t]*=[^=])", re.M)
+        return any(m is not module and word.search(m.src.text) and not own.search(m.src.text)
+                   for m in self.modules.values()) or bool(self.mentioned_elsewhere(name))
+
     def mentioned_elsewhere(self, name: str, other_parts: bool = False) -> List[str]:
         """Python files under the project root, not read for this run, whose text holds ``name`` as
         a word: where a function nothing given calls may be called from.  The files of other parts
