@@ -32,7 +32,7 @@ from ampfix.migration.flow import (
 from ampfix.migration.spell import bf16, description
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
-from ampfix.model.semantic import dotted, walk
+from ampfix.model.semantic import block_of, dotted, walk
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
 from ampfix.migration.use_rewrites import UseRewrites
@@ -463,6 +463,7 @@ class AmpPlanner:
         if s.use.kind == "init":
             s.training = False
             return
+        self._unpacked(s)
         models = arg(call, "models", 0)
         opts = arg(call, "optimizers", 1)
         if models is None:
@@ -473,6 +474,72 @@ class AmpPlanner:
             isinstance(opts, (ast.List, ast.Tuple)) and not opts.elts)
         if s.training and self._never_trains(s):
             s.training = False
+
+    @staticmethod
+    def _unpacked(s: Seed) -> None:
+        """``inits = amp.initialize(model, optimizers=optimizer, ...)`` unpacked by the statement
+        right after it: ``model, optimizer = inits``, or (NVIDIA's BERT scripts and their copies)
+        ``model, optimizer = (inits if steps is not None else (inits, None))``, where the optimizer
+        handed in is made only under that same test.  Both statements are the seed: its targets
+        are the unpacked names, and the unpacking goes with it.  ``inits`` read anywhere else
+        leaves the seed as it is."""
+        st = s.stmt
+        if not (isinstance(st, ast.Assign) and st.value is s.call and len(st.targets) == 1
+                and isinstance(st.targets[0], ast.Name)):
+            return
+        name = st.targets[0].id
+        _, _, block = block_of(st)
+        i = next(k for k, x in enumerate(block) if x is st)
+        nxt = block[i + 1] if i + 1 < len(block) else None
+        if not (isinstance(nxt, ast.Assign) and len(nxt.targets) == 1
+                and isinstance(nxt.targets[0], (ast.Tuple, ast.List)) and len(nxt.targets[0].elts) == 2):
+            return
+
+        def is_inits(e) -> bool:
+            return isinstance(e, ast.Name) and e.id == name
+
+        v = nxt.value
+        if is_inits(v):
+            test = None
+        elif isinstance(v, ast.IfExp) and is_inits(v.body) and isinstance(v.orelse, ast.Tuple) and \
+                len(v.orelse.elts) == 2 and is_inits(v.orelse.elts[0]) and is_const(v.orelse.elts[1], None):
+            test = v.test
+        else:
+            return
+        inside = {id(n) for n in walk(nxt)}
+        if any(isinstance(n, ast.Name) and n.id == name and id(n) not in inside
+               for n in walk(s.unit, into_functions=True) if n is not st.targets[0]):
+            return
+        if test is not None:
+            # on the `else` side the optimizer becomes None: so it must have been None there
+            opt = arg(s.call, "optimizers", 1)
+            tested = {n.id for n in walk(test) if isinstance(n, ast.Name)}
+            rebound = {t.id for n in walk(s.unit, into_functions=True)
+                       if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                       for t in walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+            why = (f"amp.initialize at line {s.use.line} is unpacked at line {nxt.lineno} with the optimizer "
+                   "None on one side, and ampfix cannot tell that the optimizer handed in is None there: "
+                   "migrate it by hand")
+            if not isinstance(opt, ast.Name) or tested & rebound:
+                raise Refuse(why)
+            want = ast.dump(test)
+            for n in walk(s.unit, into_functions=True):
+                if not (isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.lineno < st.lineno and any(
+                        isinstance(t, ast.Name) and t.id == opt.id and isinstance(t.ctx, ast.Store) for t in walk(n))):
+                    continue
+                values = n.value.elts if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple) else [n.value]
+                if isinstance(n, ast.Assign) and all(is_const(x, None) for x in values):
+                    continue
+                p, under = n, False
+                while p is not None and p is not s.unit:
+                    q = getattr(p, "_p", None)
+                    if isinstance(q, ast.If) and ast.dump(q.test) == want and any(x is p for x in q.body):
+                        under = True
+                        break
+                    p = q
+                if not under:
+                    raise Refuse(why)
+        s.unpack = nxt
 
     @staticmethod
     def _never_trains(s: Seed) -> bool:
@@ -569,6 +636,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                 self._inference_seed(s)
             if not isinstance(s, SwitchSeed):
                 self._install_checks_go(s)
+            if getattr(s, "unpack", None) is not None and id(s.stmt) in self.fc(s.module).touched:
+                self.fc(s.module).remove(s.unpack)
         training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)]
         scaled_by = set()
         for u, c in g.needs:

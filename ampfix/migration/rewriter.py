@@ -94,10 +94,12 @@ def param_of(s, f, keyword: str, position: int) -> Optional[str]:
 
 def substitute(text: str, orig, cs) -> str:
     """An expression over the parameters of the seed's function, said with the call's arguments
-    (or the parameters' defaults); a name that is neither refuses."""
+    (or the parameters' defaults); a name that is neither refuses.  What nothing folds keeps the
+    text as written, each parameter replaced by its argument's source (quotes and spacing kept)."""
     f = orig.func
     tree = ast.parse(text, mode="eval")
     defaults = {k: orig.module.src.code(d) for k, d in param_defaults(f.node.args).items()}
+    said: Dict[str, str] = {}
 
     class Sub(ast.NodeTransformer):
         def visit_Name(self, node):
@@ -108,10 +110,28 @@ def substitute(text: str, orig, cs) -> str:
                 src = cs.module.src.code(argv) if argv is not None else defaults.get(node.id)
                 if src is None:
                     raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} does not pass `{node.id}`")
+                said[node.id] = src
                 return ast.parse(src, mode="eval").body
             raise Refuse(f"amp.initialize in `{f.qualname}` depends on `{node.id}`, which its callers cannot see")
 
-    return ast.unparse(fold(Sub().visit(tree)))
+    new = Sub().visit(tree)
+    plain = ast.dump(ast.parse(ast.unparse(new), mode="eval"))
+    folded = fold(new)
+    if "\n" not in text and ast.dump(folded) == plain:
+        out = text
+        for n in sorted((n for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name) and n.id in said),
+                        key=lambda x: -x.col_offset):
+            src = said[n.id]
+            if "\n" in src:
+                break
+            if not isinstance(ast.parse(src, mode="eval").body, (ast.Name, ast.Attribute, ast.Call, ast.Subscript,
+                                                                  ast.Constant)):
+                src = f"({src})"
+            out = out[:n.col_offset] + src + out[n.end_col_offset:]
+        else:
+            if ast.dump(ast.parse(out, mode="eval")) == plain:
+                return out
+    return ast.unparse(folded)
 
 
 def fold(tree):

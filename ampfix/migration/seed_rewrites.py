@@ -331,7 +331,10 @@ class SeedRewrites:
                          "it once, before, by hand")
         folded = [gd for gd in gs if not terminates(gd.orelse)]
         enabled = fold_conditions(orig.module, around, folded, negated, enabled)
-        mapped = [substitute(x, orig, cs) for x in [enabled, *scaler_args]]
+        # a scaler option is `keyword=value`: only its value is said in the caller's terms
+        mapped = [substitute(x, orig, cs) if i == 0 or "=" not in x.split("(")[0] else
+                  x.split("=", 1)[0] + "=" + substitute(x.split("=", 1)[1], orig, cs)
+                  for i, x in enumerate([enabled, *scaler_args])]
         return self._apex_values_tested(mapped[0], cs), notes, mapped[1:], pure
 
     def _apex_values_tested(self, text: str, cs) -> str:
@@ -704,7 +707,7 @@ class SeedRewrites:
             return []
         if not (isinstance(assign, ast.Assign) and assign.value is s.call and len(assign.targets) == 1):
             raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
-        target = assign.targets[0]
+        target = (s.unpack or assign).targets[0]
         src = [s.models] + ([s.optimizers] if s.optimizers is not None else [])
         tnodes = list(target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
         # `m, [o1, o2] = amp.initialize(m, [a, b])`: pair the inner lists element by element

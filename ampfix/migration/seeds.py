@@ -114,6 +114,9 @@ class Seed:
         self.models = None
         self.optimizers = None
         self.training = False
+        #: ``inits = amp.initialize(m, o)`` unpacked by the statement right after it
+        #: (``m, o = inits`` or ``m, o = inits if test else (inits, None)``): that statement
+        self.unpack: Optional[ast.Assign] = None
 
     @property
     def unit(self):
@@ -125,7 +128,7 @@ class Seed:
         target that is not a name or attribute); empty when the seed is not an assignment."""
         if not isinstance(self.stmt, ast.Assign):
             return []
-        t = self.stmt.targets[0]
+        t = (self.unpack or self.stmt).targets[0]
         return [dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
 
 

@@ -7,7 +7,7 @@ import ast
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
-from ampfix.model.analysis import arg, is_const, kwargs, method_call, receiver
+from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
 from ampfix.model.apex import param_aliases, param_may_be_none
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
@@ -306,11 +306,18 @@ class UseRewrites:
                 continue
             names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
             if isinstance(s.stmt, ast.Assign) and not getattr(s, "exported_from", None):
-                t = s.stmt.targets[0]
-                names |= {dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
+                names |= set(s.target_names)
             names.discard(None)
             if s.func is func:
                 out |= names
+            elif func is not None and s.func is not None and not func.is_method and not self.p.references(func) and \
+                    self.p.callers(func) and all(cs.caller is s.func for cs in self.p.callers(func)):
+                # a function the seed's function hands the model to (`train_one_epoch(model, ...)`):
+                # the parameter that receives it at every call
+                for pname in [*func.positional, *func.kwonly]:
+                    got = [cs.argument(pname) for cs in self.p.callers(func)]
+                    if got and all(a is not None and dotted(a) in names for a in got):
+                        out.add(pname)
             elif func is not None and s.func is not None and func.cls is not None and func.cls is s.func.cls:
                 # another method of the seed's class: what the seed's method keeps on self
                 out |= {n for n in names if n.startswith("self.")}
@@ -351,13 +358,35 @@ class UseRewrites:
             self._step_through(u.module, converted, c.expr)
             self._unscale_for_gradient_reads(u, c, unit, backs, converted)
             self._unscale_at_the_step(u, c, unit, backs, converted)
-            last = max(converted, key=lambda n: (n.lineno, n.col_offset))
+            for last, anchor in self._update_anchors(converted, unit):
+                # after a loop over the optimizers, once
+                for a in ancestors_stmts(anchor, unit):
+                    if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
+                        anchor = a
+                fc.insert_after(anchor, [f"{c.expr}.update()"])
+
+    @staticmethod
+    def _update_anchors(steps, unit) -> List[tuple]:
+        """Where ``scaler.update()`` goes: once after the steps of each path that steps (steps in
+        other branches of an ``if``, `if accumulating: ... step ... else: step`, each get their
+        own), after the statement that holds every step of the path (``opt1.step(); if c:
+        opt2.step()``: after the ``if``, so a path that skips the second step updates too).
+        Pairs of (the path's last step, the statement to insert after)."""
+        left = sorted(steps, key=lambda n: (n.lineno, n.col_offset))
+        out = []
+        while left:
+            last = left[-1]
+            path = [s for s in left if not exclusive(stmt_of(s), stmt_of(last), unit)]
+            left = [s for s in left if s not in path]
             anchor = stmt_of(last)
-            # after a loop over the optimizers, once
-            for a in ancestors_stmts(anchor, unit):
-                if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
-                    anchor = a
-            fc.insert_after(anchor, [f"{c.expr}.update()"])
+            chains = [[stmt_of(s), *ancestors_stmts(stmt_of(s), unit)] for s in path]
+            for cand in [stmt_of(last), *ancestors_stmts(stmt_of(last), unit)]:
+                _, _, block = block_of(cand)
+                if all(any(x is y for x in ch for y in block) for ch in chains):
+                    anchor = cand  # the statement of the block that holds every step of the path
+                    break
+            out.append((last, anchor))
+        return out
 
     @staticmethod
     def _same_object(unit, names: Set[str]) -> Set[str]:
@@ -628,8 +657,8 @@ class UseRewrites:
             raise Refuse(f"{why} nor in another method of `{func.cls.name}`: migrate the step by hand")
         for x, steps in found:
             self._step_through(m, steps, c.expr)
-            last = max(steps, key=lambda n: (n.lineno, n.col_offset))
-            fc.insert_after(stmt_of(last), [f"{c.expr}.update()"])
+            for _, anchor in self._update_anchors(steps, x):
+                fc.insert_after(anchor, [f"{c.expr}.update()"])
             key = ("f", id(x))
             self.steps_of[key] = steps
             self.step_methods.add(key)
