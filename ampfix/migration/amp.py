@@ -33,6 +33,7 @@ from ampfix.migration.spell import bf16, description
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
 from ampfix.model.semantic import block_of, dotted, walk
+from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
 from ampfix.migration.use_rewrites import UseRewrites
@@ -575,7 +576,7 @@ class AmpPlanner:
 
 
 
-class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
+class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, EvaluationRewrites, Rewriter):
     """Plans one group: its seeds, and every use its scaler must reach."""
 
     @property
@@ -683,6 +684,8 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, Rewriter):
                     self.fc(u.module).remove(st)
         self._check_reads_after_calls()
         self._carriers()
+        if not self.pure:
+            self._evaluation_calls()
         self._finish_regions()
         if self.bf16:
             # what the notes say of a GradScaler does not apply: there is none

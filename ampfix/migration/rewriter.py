@@ -41,7 +41,27 @@ class Rewriter:
                     merged.append((i, j, h))
             fc = self.fc(module)
             for i, j, h in merged:
-                fc.wrap(block[i], block[j], f"with {h}")
+                inner = self._no_grad_with(block[i]) if i == j else None
+                if inner is not None and id(inner) not in fc.touched:
+                    # `for batch in loader: with torch.no_grad(): ...`: autocast joins the `with`
+                    # that is already there (one line, not the loop re-indented)
+                    last = inner.items[-1].context_expr
+                    fc.edits.append(insert_edit(module.src.offset(last.end_lineno, last.end_col_offset), f", {h}"))
+                else:
+                    fc.wrap(block[i], block[j], f"with {h}")
+
+    @staticmethod
+    def _no_grad_with(stmt):
+        """The ``with torch.no_grad():`` that is all of ``stmt`` (or of the loops it is the whole
+        body of), when it binds nothing; None otherwise."""
+        while isinstance(stmt, (ast.For, ast.While)) and len(stmt.body) == 1 and not stmt.orelse:
+            stmt = stmt.body[0]
+        if isinstance(stmt, ast.With) and all(
+                isinstance(it.context_expr, ast.Call) and it.optional_vars is None and not it.context_expr.args
+                and (dotted(it.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
+                for it in stmt.items):
+            return stmt
+        return None
 
     def _under_autocast(self, stmt) -> bool:
         from ampfix.model.analysis import enclosing_autocast

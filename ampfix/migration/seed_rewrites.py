@@ -22,6 +22,22 @@ _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax"
                          "NAdam", "RAdam", "LBFGS", "SparseAdam"})
 
 
+def _only_reports(body) -> bool:
+    """A handler that only says something (print, a log call, a warning) or passes."""
+    return all(isinstance(x, ast.Pass) or (isinstance(x, ast.Expr) and isinstance(x.value, (ast.Call, ast.Constant)))
+               for x in body)
+
+
+def is_main_guard(stmt) -> bool:
+    """``if __name__ == "__main__":``"""
+    if not (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1
+            and isinstance(stmt.test.ops[0], ast.Eq)):
+        return False
+    sides = [stmt.test.left, stmt.test.comparators[0]]
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and \
+        any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides)
+
+
 def lazy_tested(test) -> Set[str]:
     """What a lazy guard tests for being unset: ``X is None``, ``X == None``, ``not X``."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and dotted(test.operand):
@@ -201,6 +217,8 @@ class SeedRewrites:
         it when ``lazy_ok`` (an attribute that ``__init__`` makes disabled first), else refuses."""
         stmt = s.stmt
         unit = s.unit
+        # a script's `if __name__ == "__main__":` is its main body, not a condition of AMP's
+        unit = next((a for a in ancestors_stmts(stmt, unit) if is_main_guard(a)), unit)
         gs = guards(stmt, unit)
         home = self._optimizer_home(s) if not in_place else None
         if home is not None:
@@ -227,6 +245,12 @@ class SeedRewrites:
                     any(x is stmt or any(y is stmt for y in walk(x)) for x in a.body):
                 # `try: from apex import amp; initialize(...)` / `except ...: print(...); return`:
                 # what follows the try runs only where its body ran whole, as straight code
+                continue
+            if isinstance(a, ast.Try) and not a.finalbody and not a.orelse and a.handlers and \
+                    all(isinstance(x, (ast.Import, ast.ImportFrom)) or x is stmt for x in a.body) and \
+                    any(x is stmt for x in a.body) and all(_only_reports(h.body) for h in a.handlers):
+                # `try: import apex.amp as amp; initialize(...)` / `except: logger.info("install
+                # apex")`: only apex's import could fail, which native AMP cannot; the try goes
                 continue
             if isinstance(a, ast.For) and home is None and not a.orelse:
                 # a model and its optimizer initialized one by one in a loop (one objective each): one
@@ -804,27 +828,35 @@ class SeedRewrites:
             at = s.stmt
         model_names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
         model_names.discard(None)
-        owner, field, block = block_of(at)
-        idx = next(i for i, x in enumerate(block) if x is at)
         # apex patched torch for what ran after it: autocast covers the statements from the first
-        # that runs the model (or an object built from it) to the last such one
-        held = set(model_names)
-        touching = []
-        for j in range(idx + 1, len(block)):
-            x = block[j]
-            if isinstance(x, ast.Return):
+        # that runs the model (or an object built from it) to the last such one, in the seed's own
+        # block (`if __name__ == "__main__":` ... initialize ... the evaluation loop), else in the
+        # block of each statement around it up to where the scaler's condition is said
+        levels = [s.stmt] if at is s.stmt else [s.stmt, *ancestors_stmts(s.stmt, s.unit)]
+        levels = levels[:next((k for k, x in enumerate(levels) if x is at), len(levels) - 1) + 1]
+        regions, block = [], None
+        for level in levels:
+            owner, field, block = block_of(level)
+            idx = next(i for i, x in enumerate(block) if x is level)
+            held = set(model_names)
+            touching = []
+            for j in range(idx + 1, len(block)):
+                x = block[j]
+                if isinstance(x, ast.Return):
+                    break
+                if self._under_autocast(x):
+                    continue
+                if self._uses_model(x, held) or self._calls_on(x, held - model_names):
+                    if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
+                        raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
+                                     "without amp.scale_loss: add the scaled backward by hand")
+                    touching.append(j)
+                held |= self._holders(x, held)
+            while touching and self._only_configures(block[touching[0]], model_names):
+                touching.pop(0)
+            if touching:
+                regions = [(touching[0], touching[-1])]
                 break
-            if self._under_autocast(x):
-                continue
-            if self._uses_model(x, held) or self._calls_on(x, held - model_names):
-                if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
-                    raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
-                                 "without amp.scale_loss: add the scaled backward by hand")
-                touching.append(j)
-            held |= self._holders(x, held)
-        while touching and self._only_configures(block[touching[0]], model_names):
-            touching.pop(0)
-        regions = [(touching[0], touching[-1])] if touching else []
         if not regions:
             raise Refuse(f"nothing uses the model after amp.initialize at line {s.use.line} in this function, so "
                          "autocast has no forward to cover")

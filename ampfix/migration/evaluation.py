@@ -1,0 +1,106 @@
+"""Evaluation after an apex.amp training seed: apex ran it in half precision too.
+
+``amp.initialize`` patched torch for the whole process (O1) or cast the model itself to float16
+(O2), so a function that ran the initialized model after it (``validate(val_loader, model)``,
+``evaluate(args, model, tokenizer)``) ran in half precision.  Native AMP covers only the regions
+it is given: without one there, the migrated evaluation would run in float32 (correct, but as slow
+as before apex).  Each such call, in the function that made the scaler and after it, runs under
+autocast with the scaler's own condition (issue 21 §3).
+
+A call qualifies when it hands the model to a project function that runs it (calls it, or one of
+its methods that computes) and does not train it (no backward, no optimizer step), in a statement
+of its own that no autocast (written or planned) covers yet."""
+from __future__ import annotations
+
+import ast
+from typing import Set
+
+from ampfix.migration.flow import stmt_of
+from ampfix.migration.seeds import NOT_FORWARD, Seed
+from ampfix.migration.spell import autocast_call
+from ampfix.model.analysis import method_call
+from ampfix.model.semantic import block_of, dotted, walk
+from ampfix.project.graph import CallSite
+
+
+class EvaluationRewrites:
+    """A mixin of :class:`ampfix.migration.amp.GroupPlan` (uses its ``p``, ``g``, ``s``,
+    ``enabled``, ``regions`` and region helpers)."""
+
+    def _evaluation_calls(self) -> None:
+        for s in self.g.seeds:
+            if not self._evaluates_after(s):
+                continue
+            cond = self.enabled.get(s.idx)
+            if cond is None or cond == "False":
+                continue
+            module, caller = s.module, s.func
+            unit = caller.node if caller is not None else module.tree
+            models = self._seed_models(s)
+            for n in walk(unit):
+                if not isinstance(n, ast.Call) or n.lineno <= s.stmt.end_lineno:
+                    continue
+                st = stmt_of(n)
+                if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is n):
+                    continue
+                f, bound = self.p.resolve(module, n.func)
+                if f is None or f is caller:
+                    continue
+                cs = CallSite(n, module, caller, f, bound)
+                params = {p for p in [*f.positional, *f.kwonly]
+                          if cs.argument(p) is not None and dotted(cs.argument(p)) in models}
+                if not params or not self._only_evaluates(f, params):
+                    continue
+                if self._under_autocast(st) or self._inside_planned_region(st):
+                    continue
+                owner, field, block = block_of(st)
+                i = next(k for k, x in enumerate(block) if x is st)
+                self._add_region(module, block, i, i, autocast_call(self.s, cond))
+                self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
+                               "autocast")
+
+    @staticmethod
+    def _evaluates_after(s: Seed) -> bool:
+        """A training seed that stays where it is (made in place, or moved to a caller)."""
+        return bool(s.training) and s.use.kind == "initialize" and not getattr(s, "exported", False) and \
+            not getattr(s, "dropped", None) and s.models is not None
+
+    @staticmethod
+    def _seed_models(s: Seed) -> Set[str]:
+        names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
+        targets = s.target_names
+        if targets and targets[0]:
+            names.add(targets[0])
+        names.discard(None)
+        return {n for n in names if n and "." not in n}
+
+    @staticmethod
+    def _only_evaluates(f, params: Set[str]) -> bool:
+        """``f`` runs one of ``params`` (a model) under ``torch.no_grad()`` / ``inference_mode()``
+        or after ``param.eval()``, and nothing in it trains."""
+        body = list(walk(f.node, into_functions=True))
+        if any(method_call(x, "backward", "step", "zero_grad") for x in body):
+            return False
+        runs = any(isinstance(x, ast.Call) and (
+            (isinstance(x.func, ast.Name) and x.func.id in params)
+            or (isinstance(x.func, ast.Attribute) and dotted(x.func.value) in params and x.func.attr not in NOT_FORWARD))
+            for x in body)
+        if not runs:
+            return False
+        quiet = any((dotted(d.func if isinstance(d, ast.Call) else d) or "").split(".")[-1] in
+                    ("no_grad", "inference_mode") for d in f.node.decorator_list)
+        quiet = quiet or any(isinstance(x, ast.withitem) and isinstance(x.context_expr, ast.Call) and
+                             (dotted(x.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
+                             for x in body)
+        quiet = quiet or any(method_call(x, "eval") and dotted(x.func.value) in params for x in body
+                             if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute))
+        return quiet
+
+    def _inside_planned_region(self, st) -> bool:
+        """Whether a region this plan adds already holds ``st``."""
+        for module, block, ranges in self.regions.values():
+            for i, j, _ in ranges:
+                for x in block[i:j + 1]:
+                    if x is st or any(y is st for y in walk(x, into_functions=False)):
+                        return True
+        return False
