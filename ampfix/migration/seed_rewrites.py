@@ -856,6 +856,9 @@ class SeedRewrites:
                 touching.pop(0)
             if touching:
                 regions = [(touching[0], touching[-1])]
+                if level is not levels[-1] and not moved:
+                    # inside every `if` the scaler's condition folded in: only the options' own
+                    cond = enabled
                 break
         if not regions:
             raise Refuse(f"nothing uses the model after amp.initialize at line {s.use.line} in this function, so "

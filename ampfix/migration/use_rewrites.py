@@ -17,7 +17,7 @@ from ampfix.migration.spell import autocast_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
-from ampfix.migration.seeds import CLIP_SCALED_HELPER, SCALER_STATE_HELPER, Carrier, Use
+from ampfix.migration.seeds import CLIP_SCALED_HELPER, NOT_FORWARD, SCALER_STATE_HELPER, Carrier, Use
 from ampfix.migration.switches import SwitchSeed, framework_autocast, low_mmcv_floors
 
 
@@ -163,6 +163,7 @@ class UseRewrites:
             if any(self._under_autocast(x) for x in region.stmts):
                 return
             self._add_region(u.module, region.block, region.first, region.last, header)
+            self._outer_region(u, func, unit, region, missing, barriers, header)
             return
         params = set(func.positional if func else []) | set(func.kwonly if func else [])
         missing_params = missing & params
@@ -171,6 +172,28 @@ class UseRewrites:
                          f"{u.line}: wrap its forward pass in {header} by hand")
         param = next(iter(missing_params))
         self._regions_in_callers(u, func, param)
+
+    def _outer_region(self, u: Use, func, unit, region, missing: Set[str], barriers, header: str) -> None:
+        """The loss computed inside a branch from what the forward pass before the branch made
+        (``outputs = model(samples)``, then ``if accumulating: loss = criterion(outputs, y) / n``
+        ... ``else: loss = criterion(outputs, y)``): that forward pass gets a region of its own
+        in the block around the branch (the loss's region stays in the branch, away from the
+        backward beside it)."""
+        params = set(func.positional if func else []) | set(func.kwonly if func else [])
+        names = sorted(n for n in missing if n not in params and "." not in n)
+        owner = getattr(region.block[0], "_p", None)
+        if not names or not isinstance(owner, ast.If) or owner is unit:
+            return
+        wanted = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in names], ctx=ast.Load())
+        outer, _ = forward_region(owner, wanted, unit, barriers, self._models(u.module, func))
+        if outer is None or any(self._under_autocast(x) for x in outer.stmts):
+            return
+        models = self._models(u.module, func)
+        if not any(isinstance(n, ast.Call) and (dotted(n.func) in models or (
+                isinstance(n.func, ast.Attribute) and dotted(n.func.value) in models
+                and n.func.attr not in NOT_FORWARD)) for x in outer.stmts for n in walk(x)):
+            return  # nothing there runs the model (a known one): that is not the forward pass
+        self._add_region(u.module, outer.block, outer.first, outer.last, header)
 
     def _regions_in_callers(self, u: Use, func, param: str, depth: int = 0) -> None:
         """The loss is the parameter ``param`` of ``func``: the autocast region goes around the
@@ -683,7 +706,9 @@ class UseRewrites:
         key = self._key(u)
         unit = u.func.node if u.func is not None else u.module.tree
         backs = self.backward_sites.get(key, [])
-        steps = self.steps_of.get(key, [])
+        # the steps this read can be followed by (not those of another branch: `if accumulating:
+        # clip; if every_n: step` beside `else: clip; step`)
+        steps = [x for x in self.steps_of.get(key, []) if not exclusive(stmt_of(x), st, unit)]
         if not self.noscale and follows(st, backs, unit) and steps and not any(
                 runs_as_often(st, stmt_of(s), unit) for s in steps):
             if not self._clip_scaled(u, c, call, params):
