@@ -18,6 +18,12 @@ echo "== verify accumulate_branches.py (--accumulation-steps 2: the step and upd
 python -m ampfix verify --steps $STEPS --no-profile accumulate_branches.py --json "$J/accumulate_branches_accum2.json" -- --accumulation-steps 2 --steps 40 2>&1 | tail -9
 echo "== verify accumulate_branches.py (--accumulation-steps 1: the other branch)"
 python -m ampfix verify --steps $STEPS --no-profile accumulate_branches.py --json "$J/accumulate_branches_accum1.json" -- --accumulation-steps 1 --steps 40 2>&1 | tail -9
+echo "== verify accumulate_clip_branches.py (--accumulation-steps 2 --clip 1: the forward's own region, the clip of every micro-batch on scaled gradients)"
+python -m ampfix verify --steps $STEPS --no-profile accumulate_clip_branches.py --json "$J/accumulate_clip_branches_clip.json" -- --accumulation-steps 2 --clip 1 --steps 40 2>&1 | tail -9
+echo "== verify accumulate_clip_branches.py (--accumulation-steps 2 --clip 0: the norm of every micro-batch under _unscaled_grads)"
+python -m ampfix verify --steps $STEPS --no-profile accumulate_clip_branches.py --json "$J/accumulate_clip_branches_norm.json" -- --accumulation-steps 2 --clip 0 --steps 40 2>&1 | tail -9
+echo "== verify accumulate_clip_branches.py (--accumulation-steps 1 --clip 1: the other branch)"
+python -m ampfix verify --steps $STEPS --no-profile accumulate_clip_branches.py --json "$J/accumulate_clip_branches_accum1.json" -- --accumulation-steps 1 --clip 1 --steps 40 2>&1 | tail -9
 echo "== verify ifexp_unpack.py (--fp16: the setup's unpacked initialize, its loss scale chosen at run time)"
 python -m ampfix verify --steps $STEPS --no-profile ifexp_unpack.py --json "$J/ifexp_unpack.json" -- --fp16 --steps 200 2>&1 | tail -9
 echo "== verify ifexp_unpack.py (--fp16 --loss_scale 128: a static loss scale)"
@@ -41,4 +47,4 @@ runpy.run_path("main_guard_eval.py", run_name="__main__")
 print("linear output dtypes:", sorted(set(seen)), "calls:", len(seen))
 PY
 cd "$ROOT"
-python -m pytest -q -p no:cacheprovider tests/test_migrate_fixtures.py -k "accumulate_branches or ifexp_unpack or try_except_log or eval_after_training or main_guard_eval" 2>&1 | tail -2
+python -m pytest -q -p no:cacheprovider tests/test_migrate_fixtures.py -k "accumulate_branches or accumulate_clip_branches or ifexp_unpack or try_except_log or eval_after_training or main_guard_eval" 2>&1 | tail -2

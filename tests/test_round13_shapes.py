@@ -19,7 +19,7 @@ def refusals(result):
 
 # the Swin lineage: a gradient norm (not a clip) of apex's master gradients after every
 # micro-batch of an accumulation: native AMP's gradients are still scaled there and unscale_ may
-# run once per step, so this is a person's call
+# run once per step, so the read runs with the gradients divided by the (power-of-two) scale
 NORM_ON_MICRO_BATCHES = """\
     import torch
     from apex import amp
@@ -56,9 +56,19 @@ NORM_ON_MICRO_BATCHES = """\
     """
 
 
-def test_norm_on_micro_batches_refuses_instead_of_unscaling_each_one():
-    result = run(NORM_ON_MICRO_BATCHES)
-    assert result.fixed == textwrap.dedent(NORM_ON_MICRO_BATCHES)
+def test_norm_on_micro_batches_reads_unscaled_gradients_without_unscaling_each_step():
+    fixed = run(NORM_ON_MICRO_BATCHES).fixed
+    lines = [x.strip() for x in fixed.splitlines()]
+    at = lines.index("with _unscaled_grads(scaler, optimizer):")
+    assert lines[at + 1].startswith("grad_norm = get_grad_norm("), fixed
+    assert lines.count("scaler.unscale_(optimizer)") == 1  # the branch that steps every time
+    assert "get_scale()" not in fixed and "import contextlib" in fixed
+
+
+def test_norm_on_micro_batches_refuses_with_a_static_loss_scale():
+    src = NORM_ON_MICRO_BATCHES.replace('opt_level="O1")', 'opt_level="O1", loss_scale=1000.0)')
+    result = run(src)
+    assert result.fixed == textwrap.dedent(src)
     assert any("read on micro-batches where the optimizer does not step" in m for m in refusals(result))
 
 

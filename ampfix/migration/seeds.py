@@ -71,6 +71,28 @@ CLIP_SCALED_HELPER = '''def _clip_scaled_grad_norm_(scaler, parameters, max_norm
 '''
 
 
+#: a read of the gradients (a norm logged) on every micro-batch, while they are still scaled: the
+#: gradients are divided by the scale for the block and multiplied back after it; the dynamic
+#: scale is a power of two, so both products are exact, and it stays on the device
+UNSCALED_GRADS_HELPER = '''@contextlib.contextmanager
+def _unscaled_grads(scaler, optimizer):
+    """The optimizer's gradients divided by the GradScaler's scale (as apex left them after each
+    backward) while the block reads them, then scaled again; nothing is copied to the host."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not scaler.is_enabled() or not grads:
+        yield
+        return
+    scale = scaler.scale(torch.ones((), device=grads[0].device))
+    for g in grads:
+        g.div_(scale.to(g.device))
+    try:
+        yield
+    finally:
+        for g in grads:
+            g.mul_(scale.to(g.device))
+'''
+
+
 def kind_of(qname: str) -> str:
     return qname[len("apex.amp."):].split(".")[0] if qname.startswith("apex.amp.") else ""
 

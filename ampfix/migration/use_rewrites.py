@@ -14,10 +14,13 @@ from ampfix.migration.flow import (
     ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
 from ampfix.migration.spell import autocast_call
+from ampfix.rule import ImportSpec
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
-from ampfix.migration.seeds import CLIP_SCALED_HELPER, NOT_FORWARD, SCALER_STATE_HELPER, Carrier, Use
+from ampfix.migration.seeds import (
+    CLIP_SCALED_HELPER, NOT_FORWARD, SCALER_STATE_HELPER, UNSCALED_GRADS_HELPER, Carrier, Use,
+)
 from ampfix.migration.switches import SwitchSeed, framework_autocast, low_mmcv_floors
 
 
@@ -712,7 +715,8 @@ class UseRewrites:
         if not self.noscale and follows(st, backs, unit) and steps and not any(
                 runs_as_often(st, stmt_of(s), unit) for s in steps):
             if not self._clip_scaled(u, c, call, params):
-                self._clip_at_the_step(u, c, call, steps, o, params)
+                if not self._read_unscaled(u, c, call, o, params):
+                    self._clip_at_the_step(u, c, call, steps, o, params)
             return
         fc.replace(call, params)
         fc.drop_stale_comment(st, ("master",))
@@ -816,6 +820,35 @@ class UseRewrites:
         self._collapse_clip(u, st)
         self.notes.add("the clip of every micro-batch stays there: _clip_scaled_grad_norm_() clips the scaled "
                        "gradients by the unscaled norm, the scale kept on the GPU")
+        return True
+
+    def _read_unscaled(self, u: Use, c: Carrier, call, o: str, params: str) -> bool:
+        """``grad_norm = get_grad_norm(amp.master_params(opt))`` on every micro-batch (a norm
+        logged, not a clip): apex had unscaled the gradients after each backward; here they are
+        scaled until the step, and ``unscale_`` may run once per step.  The read runs in
+        ``with _unscaled_grads(scaler, opt):``, which divides the gradients by the scale and
+        multiplies them back after: exact for the dynamic scale (a power of two), so a static loss
+        scale refuses.  False where it does not apply (a clip; a statement over several lines)."""
+        outer = getattr(call, "_p", None)
+        st = stmt_of(call)
+        if not isinstance(outer, ast.Call) or call not in outer.args or "clip" in (dotted(outer.func) or "") or \
+                not isinstance(st, (ast.Expr, ast.Assign)) or st.lineno != st.end_lineno:
+            return False
+        if any(s.call is not None and (
+                "loss_scale" in kwargs(s.call) and not is_const(kwargs(s.call)["loss_scale"], "dynamic"))
+                for s in self.g.seeds if getattr(s, "call", None) is not None):
+            return False
+        m = u.module
+        text = m.src.code(st)
+        a = call.col_offset - st.col_offset
+        b = call.end_col_offset - st.col_offset
+        self.fc(m).replace_statement(st, [f"with _unscaled_grads({c.expr}, {o}):", "    " + text[:a] + params + text[b:]])
+        from ampfix.migration.groups import add_module_helper
+
+        self.fc(m).adds.append(ImportSpec("contextlib"))
+        add_module_helper(self.fc(m), m, UNSCALED_GRADS_HELPER, "_unscaled_grads")
+        self.notes.add("a gradient read on every micro-batch runs in _unscaled_grads(): the gradients divided by the "
+                       "scale for it and scaled back (the scale kept on the GPU)")
         return True
 
     def _clip_at_the_step(self, u: Use, c: Carrier, call, steps, o: str, params: str) -> None:
