@@ -34,6 +34,7 @@ from ampfix.rules.scaler_update import ScalerUpdate
 from ampfix.rules.step_bypasses_scaler import StepBypassesScaler
 from ampfix.rules.sync_in_loop import SyncInLoop
 from ampfix.rules.tensor_core_sizes import TensorCoreSizes
+from ampfix.rules.unscale_once import UnscaleOnce
 from ampfix.rules.zero_grad import ZeroGrad
 
 RULES = [
@@ -54,6 +55,7 @@ RULES = [
     ScalerInLoop,
     StepBypassesScaler,
     ScalerUpdate,
+    UnscaleOnce,
     ClipScaledGrads,
     BackwardInAutocast,
     ManualHalf,
