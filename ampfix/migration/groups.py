@@ -197,6 +197,12 @@ def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
             break
         j += 1
     lines = text.rstrip("\n").split("\n")
+    slot = getattr(fc, "helper_slot", None)
+    if slot is not None:
+        # a second helper of the module: after the first, two blank lines between them
+        inserted, pad = slot
+        inserted[len(inserted) - pad:len(inserted) - pad] = ["", "", *lines]
+        return
     if last is not None:
         src = module.src
         no, blanks = last.end_lineno + 1, 0
@@ -204,8 +210,12 @@ def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
             blanks, no = blanks + 1, no + 1
         pad = ["", ""][:max(0, 2 - blanks)] if no <= src.line_count else []
         fc.insert_after(last, ["", "", *lines, *pad], indent="")
+        at = src.line_end(last.end_lineno)
+        fc.helper_slot = (fc._inserts[(at, "")], len(pad))
     elif i < len(body):
         fc.insert_before(body[i], [*lines, "", ""])
+        at = module.src.starts[fc.b.first_line(body[i]) - 1]
+        fc.helper_slot = (fc._inserts[(at, fc.b.indent(body[i]))], 2)
     else:
         raise Refuse("the module has no statement to put a helper before")
 

@@ -71,14 +71,15 @@ CLIP_SCALED_HELPER = '''def _clip_scaled_grad_norm_(scaler, parameters, max_norm
 '''
 
 
-#: a read of the gradients (a norm logged) on every micro-batch, while they are still scaled: the
-#: gradients are divided by the scale for the block and multiplied back after it; the dynamic
-#: scale is a power of two, so both products are exact, and it stays on the device
+#: a use of the gradients on every micro-batch (a norm logged, a hand-written clip), while they are
+#: still scaled: they are divided by the scale for the block and multiplied back after it; the
+#: dynamic scale is a power of two, so both products are exact, and it stays on the device
 UNSCALED_GRADS_HELPER = '''@contextlib.contextmanager
 def _unscaled_grads(scaler, optimizer):
     """The optimizer's gradients divided by the GradScaler's scale (as apex left them after each
     backward) while the block reads them, then scaled again; nothing is copied to the host."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [p.grad for p in params if p.grad is not None]
     if not scaler.is_enabled() or not grads:
         yield
         return
@@ -88,8 +89,9 @@ def _unscaled_grads(scaler, optimizer):
     try:
         yield
     finally:
-        for g in grads:
-            g.mul_(scale.to(g.device))
+        for p in params:  # the gradients as they are now (a clip may have replaced some)
+            if p.grad is not None:
+                p.grad.mul_(scale.to(p.grad.device))
 '''
 
 
