@@ -162,3 +162,34 @@ def test_evaluation_after_training_runs_under_autocast_and_training_helpers_do_n
     assert lines[at - 1] == 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(fp16)):', fixed
     at = lines.index("finetune(model, optimizer, x)")
     assert not lines[at - 1].startswith("with torch.autocast"), fixed
+
+
+# lonePatient's trainer: apex's amp imported inside __init__, used as a global in another method
+UNBOUND = """\
+    import torch
+
+
+    class Trainer:
+        def __init__(self, args, model, optimizer):
+            self.args, self.model, self.optimizer = args, model, optimizer
+            if args.fp16:
+                from apex import amp
+                self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+        def train_epoch(self, batches):
+            for x in batches:
+                loss = self.model(x).sum()
+                if self.args.fp16:
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                self.optimizer.step()
+    """
+
+
+def test_scale_loss_on_an_unbound_amp_refuses_naming_it():
+    result = run(UNBOUND)
+    assert result.fixed == textwrap.dedent(UNBOUND)
+    assert any("reads a name `amp` that nothing binds there" in m and "`Trainer.__init__`" in m
+               for m in refusals(result)), refusals(result)

@@ -647,6 +647,9 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, EvaluationRewrites, 
         unscaled = [s for s in training if s.idx not in scaled_by]
         if unscaled and not self.pure:
             s = getattr(unscaled[0], "exported_from", (unscaled[0],))[0]
+            unbound = self._unbound_scale_loss()
+            if unbound:
+                raise Refuse(unbound)
             raise Refuse(f"the optimizer of amp.initialize at line {s.use.line} is never used with amp.scale_loss in "
                          "the files given: its backward is unscaled; add the scaled backward by hand, or give "
                          "ampfix the files that train")
@@ -697,6 +700,27 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, EvaluationRewrites, 
                 fc = self.fc(m)
                 fc.adds.append(ImportSpec("torch"))
                 fc.removes.extend(apex_import_specs(m))
+
+    def _unbound_scale_loss(self) -> Optional[str]:
+        """``amp.scale_loss`` where ``amp`` is bound by nothing in its scope, in a module that
+        imports apex's amp only inside a function (``Trainer.__init__``): the fp16 path raised
+        NameError there.  The reason to give instead of "never used with amp.scale_loss"."""
+        for m in self.p.modules.values():
+            if "scale_loss" not in m.src.text or "apex" not in m.src.text:
+                continue
+            inner = [n for n in walk(m.tree, into_functions=True) if isinstance(n, ast.ImportFrom) and n.module
+                     and n.module.split(".")[0] == "apex" and any((a.asname or a.name) == "amp" for a in n.names)
+                     and m.function_of(n) is not None]
+            if not inner:
+                continue
+            for n in walk(m.tree, into_functions=True):
+                if isinstance(n, ast.Attribute) and n.attr == "scale_loss" and isinstance(n.value, ast.Name) and \
+                        n.value.id == "amp" and not m.sem.bindings_of(n.value):
+                    where = m.function_of(inner[0])
+                    return (f"`amp.scale_loss` at {m.path} line {n.lineno} reads a name `amp` that nothing binds there "
+                            f"(apex's amp is imported inside `{where.qualname}` only), so the fp16 path raised "
+                            "NameError: import it at the module's top, then migrate")
+        return None
 
 
 def _shared_folders(a: str, b: str) -> int:
