@@ -497,7 +497,7 @@ def test_initialize_in_both_branches_of_an_if_makes_one_scaler():
     after the other before the if, left the second deciding alone, disabled on several GPUs."""
     after = (FIX / "after" / "branch_initialize.py").read_text()
     made = [line.strip() for line in after.splitlines() if "GradScaler(" in line]
-    assert made == ['scaler = torch.amp.GradScaler("cuda", enabled=args.amp_opt_level != \'O0\')'], made
+    assert made == ['scaler = torch.amp.GradScaler("cuda", enabled=args.amp_opt_level != "O0")'], made
     for name in NAMES:  # no fixture makes a scaler and then another in its place
         lines = [x.strip() for x in (FIX / "after" / name).read_text().splitlines()]
         for a, b in zip(lines, lines[1:]):

@@ -193,3 +193,44 @@ def test_scale_loss_on_an_unbound_amp_refuses_naming_it():
     assert result.fixed == textwrap.dedent(UNBOUND)
     assert any("reads a name `amp` that nothing binds there" in m and "`Trainer.__init__`" in m
                for m in refusals(result)), refusals(result)
+
+
+# multihop_dense_retrieval's train_mhop: `if do_train: initialize(model, optimizer) else:
+# initialize(model)`: the evaluation after both runs under either's condition
+BOTH = """\
+    import torch
+    from apex import amp
+
+
+    def predict(model, x):
+        model.eval()
+        with torch.no_grad():
+            return model(x).sum()
+
+
+    def main(args, model, x):
+        if args.do_train:
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            if args.fp16:
+                model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        else:
+            if args.fp16:
+                model = amp.initialize(model, opt_level="O1")
+        if args.do_train:
+            for _ in range(3):
+                loss = model(x).sum()
+                if args.fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+        return predict(model, x)
+    """
+
+
+def test_evaluation_after_a_train_or_predict_choice_gets_both_conditions():
+    fixed = run(BOTH).fixed
+    lines = [x.strip() for x in fixed.splitlines()]
+    at = lines.index("return predict(model, x)")
+    assert lines[at - 1] == 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):', fixed

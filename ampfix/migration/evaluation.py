@@ -17,7 +17,7 @@ from typing import Set
 
 from ampfix.migration.flow import stmt_of
 from ampfix.migration.seeds import NOT_FORWARD, Seed
-from ampfix.migration.spell import autocast_call
+from ampfix.migration.spell import autocast_call, disj
 from ampfix.model.analysis import method_call
 from ampfix.model.semantic import block_of, dotted, walk
 from ampfix.project.graph import CallSite
@@ -35,13 +35,20 @@ class EvaluationRewrites:
             if cond is None or cond == "False":
                 continue
             module, caller = s.module, s.func
+            # a model initialized without an optimizer beside it in the same function (`if
+            # do_train: initialize(model, optimizer) else: initialize(model)`): apex cast the
+            # evaluation on that path too, so its condition joins the scaler's
+            for t in self.g.seeds:
+                if t is not s and not t.training and t.module is module and t.func is caller and \
+                        self.enabled.get(t.idx) not in (None, "False"):
+                    cond = disj(cond, self.enabled[t.idx])
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
             for n in walk(unit):
                 if not isinstance(n, ast.Call) or n.lineno <= s.stmt.end_lineno:
                     continue
                 st = stmt_of(n)
-                if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is n):
+                if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is n):
                     continue
                 f, bound = self.p.resolve(module, n.func)
                 if f is None or f is caller:

@@ -816,6 +816,10 @@ class SeedRewrites:
             self._seed_statement_goes(s)
             self.notes.add(f"the model initialized at line {s.use.line} runs under the training step's autocast")
             self.twins.add(s.module.path)
+            try:  # its condition, for the evaluation calls after it (an `else:` that only evaluates)
+                self.enabled[s.idx] = self._hoist(s, enabled, option_reads(s.call))[1]
+            except Refuse:
+                pass
             return
         at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call), in_place=moved)
         if not moved:

@@ -144,12 +144,12 @@ def disj(a: str, b: str) -> str:
     ``t and x`` / ``not t and x`` (the two branches of ``if t: ... else: ...``) is ``x``."""
     ea, eb = ast.parse(a, mode="eval").body, ast.parse(b, mode="eval").body
     ca, cb = _conjuncts(ea), _conjuncts(eb)
-    da, db = [ast.dump(x) for x in ca], [ast.dump(x) for x in cb]
+    da, db = [ast.dump(_plain(x)) for x in ca], [ast.dump(_plain(x)) for x in cb]
     ra = [x for x, d in zip(ca, da) if d not in db]
     rb = [x for x, d in zip(cb, db) if d not in da]
     common = [x for x, d in zip(ca, da) if d in db]
     if len(ra) == 1 and len(rb) == 1 and _opposite(ra[0], rb[0]):
-        return " and ".join(ast.unparse(x) for x in common) if common else "True"
+        return " and ".join(ast.get_source_segment(a, x) or ast.unparse(x) for x in common) if common else "True"
     if a == b or not ra:  # `x or (x and y)` is `x`
         return a
     if not rb:
@@ -157,8 +157,19 @@ def disj(a: str, b: str) -> str:
     return f"({a}) or ({b})"
 
 
+def _plain(x):
+    """``bool(t)`` as ``t`` (a condition's truth is the same), ``not bool(t)`` as ``not t``."""
+    if isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id == "bool" and len(x.args) == 1 \
+            and not x.keywords:
+        return _plain(x.args[0])
+    if isinstance(x, ast.UnaryOp) and isinstance(x.op, ast.Not):
+        return ast.UnaryOp(op=ast.Not(), operand=_plain(x.operand))
+    return x
+
+
 def _opposite(x, y) -> bool:
     """``t`` and ``not t``, or a comparison and its inverse (``n > 1`` / ``n <= 1``)."""
+    x, y = _plain(x), _plain(y)
     for p, q in ((x, y), (y, x)):
         if isinstance(q, ast.UnaryOp) and isinstance(q.op, ast.Not) and ast.dump(q.operand) == ast.dump(p):
             return True
