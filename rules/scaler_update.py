@@ -8,7 +8,8 @@ class ScalerUpdate(Rule):
     """
     ## What it does
     Reports `scaler.step(...)` in a function (or module body) that never calls
-    `scaler.update()` (or only in another branch of an `if`), and a second `scaler.update()` where one scaler steps several
+    `scaler.update()` (or only in another branch of an `if`), and a second `scaler.update()`
+    where one scaler steps several
     optimizers in the same function.
 
     ## Why is this bad?
@@ -63,13 +64,14 @@ class ScalerUpdate(Rule):
             for s in sorted(scalers):
                 steps = [n for n in nodes if is_scaler_call(n, {s}, "step")]
                 updates = [n for n in nodes if is_scaler_call(n, {s}, "update")]
+                alone = [st for st in steps if updates and self._no_update_after(unit, st, updates)]
                 if steps and not updates:
                     self.report(steps[0], f"`{s}.step()` here but this function never calls `{s}.update()`: "
                                           "the loss scale never adapts; call it once after the optimizer steps")
-                elif any(self._no_update_after(unit, st, updates) for st in steps):
-                    st = next(st for st in steps if self._no_update_after(unit, st, updates))
-                    self.report(st, f"`{s}.step()` here has no `{s}.update()` after it on its path (the update is "
-                                    "in another branch): the next step raises; call it after this step too")
+                elif alone:
+                    self.report(alone[0], f"`{s}.step()` here has no `{s}.update()` after it on its path (the "
+                                          "update is in another branch): the next step raises; call it after this "
+                                          "step too")
                 elif len(steps) > 1 and len(updates) > 1:
                     second = self._second_update(unit, steps, updates)
                     if second is not None:

@@ -1,6 +1,8 @@
 import ast
 
-from ampfix.model.analysis import enclosing_loop, exclusive, functions_and_module, is_scaler_call, scalers_for, unit_nodes
+from ampfix.model.analysis import (
+    enclosing_loop, exclusive, functions_and_module, in_loop_body, is_scaler_call, scalers_for, unit_nodes,
+)
 from ampfix.rule import Invalid, Rule, Valid
 
 
@@ -103,20 +105,11 @@ class UnscaleOnce(Rule):
                     if loop is None:
                         continue
                     mine = [st for st in steps if ast.dump(st.args[0]) == ast.dump(u.args[0])
-                            and not exclusive(u, st, unit) and _inside(st, loop)]
+                            and not exclusive(u, st, unit) and in_loop_body(st, loop)]
                     if mine and not any(_guarded_alike(u, st, loop) for st in mine):
                         self.report(u, f"`{s}.unscale_()` here runs on iterations where `{s}.step()` does not: the "
                                        "second call before an update raises 'unscale_() has already been called'; "
                                        "unscale (and clip) where the optimizer steps")
-
-
-def _inside(node, loop) -> bool:
-    p = getattr(node, "_p", None)
-    while p is not None:
-        if p is loop:
-            return True
-        p = getattr(p, "_p", None)
-    return False
 
 
 def _ifs_holding(node, loop):
@@ -133,30 +126,15 @@ def _ifs_holding(node, loop):
 
 
 def _guarded_alike(unscale, step, loop) -> bool:
-    """Every ``if`` branch that the step runs under (inside the loop) holds the unscale too (the
-    same statement, or one with the same test): the unscale never runs on an iteration where the
-    step does not.  Only an ``if`` with the step in its body and no ``else`` skips it; a chain of
-    back ends (``if tpu: xm.optimizer_step(opt) elif fp16: scaler.step(opt) else: ...``) holds
-    alternatives, not a skipped step."""
+    """No ``if`` that skips the step leaves the unscale to run alone: every ``if`` with the step
+    in its body and no ``else`` (inside the loop) holds the unscale too, as the same statement or
+    one with the same test.  A chain of back ends (``if tpu: xm.optimizer_step(opt) elif fp16:
+    scaler.step(opt) else: ...``) holds alternatives, not a skipped step."""
     held = set(_ifs_holding(unscale, loop))
-    opt = ast.dump(step.args[0])
     child, p = step, getattr(step, "_p", None)
     while p is not None and p is not loop:
-        if isinstance(p, ast.If) and child is not p.test:
-            in_body = any(child is x for x in p.body)
-            other = p.orelse if in_body else p.body
-            # only an `if` that skips the step with nothing instead (`if (i + 1) % n == 0:`, no
-            # else) can leave the unscale without its step; a chain of back ends is alternatives
-            if (ast.dump(p.test), in_body) not in held and in_body and not p.orelse and \
-                    not _steps_another_way(other, opt):
-                return False
+        if isinstance(p, ast.If) and child is not p.test and not p.orelse and any(child is x for x in p.body) \
+                and (ast.dump(p.test), True) not in held:
+            return False
         child, p = p, getattr(p, "_p", None)
     return True
-
-
-def _steps_another_way(stmts, opt: str) -> bool:
-    return any(isinstance(n, ast.Call) and (
-        (isinstance(n.func, ast.Attribute) and n.func.attr.endswith("step") and (
-            ast.dump(n.func.value) == opt or any(ast.dump(a) == opt for a in n.args)))
-        or (isinstance(n.func, ast.Name) and n.func.id.endswith("step") and any(ast.dump(a) == opt for a in n.args)))
-        for x in stmts for n in ast.walk(x))

@@ -16,7 +16,7 @@ import ast
 from typing import Set
 
 from ampfix.migration.flow import stmt_of
-from ampfix.migration.seeds import NOT_FORWARD, Seed
+from ampfix.migration.seeds import Seed, calls_model
 from ampfix.migration.spell import autocast_call, disj
 from ampfix.model.analysis import method_call
 from ampfix.model.semantic import block_of, dotted, walk
@@ -74,12 +74,10 @@ class EvaluationRewrites:
 
     @staticmethod
     def _seed_models(s: Seed) -> Set[str]:
-        names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
+        """The local names of the initialized model: handed in, and what the seed assigns it to."""
         targets = s.target_names
-        if targets and targets[0]:
-            names.add(targets[0])
-        names.discard(None)
-        return {n for n in names if n and "." not in n}
+        names = s.model_names | ({targets[0]} if targets and targets[0] else set())
+        return {n for n in names if "." not in n}
 
     @staticmethod
     def _only_evaluates(f, params: Set[str]) -> bool:
@@ -88,11 +86,7 @@ class EvaluationRewrites:
         body = list(walk(f.node, into_functions=True))
         if any(method_call(x, "backward", "step", "zero_grad") for x in body):
             return False
-        runs = any(isinstance(x, ast.Call) and (
-            (isinstance(x.func, ast.Name) and x.func.id in params)
-            or (isinstance(x.func, ast.Attribute) and dotted(x.func.value) in params and x.func.attr not in NOT_FORWARD))
-            for x in body)
-        if not runs:
+        if not any(calls_model(x, params) for x in body):
             return False
         quiet = any((dotted(d.func if isinstance(d, ast.Call) else d) or "").split(".")[-1] in
                     ("no_grad", "inference_mode") for d in f.node.decorator_list)

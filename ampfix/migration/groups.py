@@ -36,6 +36,9 @@ class FileChanges:
         self._filled: List[ast.stmt] = []  # statements something is inserted beside (their block stays)
         self.described: Set[int] = set()  # ids of removed statements whose apex comment above goes too
         self.obsolete: Set[int] = set()  # ids of removed statements whose own comments go with them
+        self.helpers: Set[str] = set()  # the module helpers added (add_module_helper)
+        #: where the first helper's lines went (the list, its trailing blank lines): the next go there
+        self.helper_slot: Optional[Tuple[List[str], int]] = None
 
     def _claim(self, node) -> None:
         if id(node) in self.touched:
@@ -178,12 +181,9 @@ class FileChanges:
 def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
     """A helper function the migration needs, once per module, after its top imports (before
     any use at module level)."""
-    done = getattr(fc, "helpers", None)
-    if done is None:
-        done = fc.helpers = set()
-    if key in done:
+    if key in fc.helpers:
         return
-    done.add(key)
+    fc.helpers.add(key)
     body = module.tree.body
     i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
     last = None
@@ -197,7 +197,7 @@ def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
             break
         j += 1
     lines = text.rstrip("\n").split("\n")
-    slot = getattr(fc, "helper_slot", None)
+    slot = fc.helper_slot
     if slot is not None:
         # a second helper of the module: after the first, two blank lines between them
         inserted, pad = slot

@@ -14,7 +14,7 @@ from ampfix.migration.flow import (
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.rewriter import substitute
-from ampfix.migration.seeds import NOT_FORWARD, NOTES, Seed, Use
+from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
 #: torch.optim's optimizers (an optimizer made only to be handed to amp.initialize goes with it)
@@ -830,8 +830,7 @@ class SeedRewrites:
                 fc.remove(s.stmt)
         else:
             at = s.stmt
-        model_names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
-        model_names.discard(None)
+        model_names = s.model_names
         # apex patched torch for what ran after it: autocast covers the statements from the first
         # that runs the model (or an object built from it) to the last such one, in the seed's own
         # block (`if __name__ == "__main__":` ... initialize ... the evaluation loop), else in the
@@ -899,11 +898,7 @@ class SeedRewrites:
         sem = self._sem_of(stmt)
         for n in [stmt, *walk(stmt, into_functions=False)]:
             if isinstance(n, ast.Call):
-                if dotted(n.func) in names:
-                    return True
-                # its submodules and methods that compute (encoder.c(x), model.generate(x))
-                if (isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names
-                        and n.func.attr not in NOT_FORWARD):
+                if calls_model(n, names):
                     return True
                 if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
                     if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:

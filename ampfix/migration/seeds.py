@@ -108,6 +108,13 @@ NOT_FORWARD = frozenset({
     "type", "get_submodule", "get_parameter", "extra_repr", "__repr__"})
 
 
+def calls_model(node, names: Set[str]) -> bool:
+    """``node`` is a call of one of ``names`` (a model) or of one of its methods that computes
+    (``encoder.c(x)``, ``model.generate(x)``; not ``model.eval()``)."""
+    return isinstance(node, ast.Call) and (dotted(node.func) in names or (
+        isinstance(node.func, ast.Attribute) and dotted(node.func.value) in names and node.func.attr not in NOT_FORWARD))
+
+
 class Use:
     def __init__(self, module, node, qname: str) -> None:
         self.module = module
@@ -145,6 +152,12 @@ class Seed:
     @property
     def unit(self):
         return self.func.node if self.func is not None else self.module.tree
+
+    @property
+    def model_names(self) -> Set[str]:
+        """The models handed to ``amp.initialize``, as dotted names (those that are names)."""
+        models = self.models.elts if isinstance(self.models, (ast.List, ast.Tuple)) else [self.models]
+        return {d for d in (dotted(e) for e in models) if d}
 
     @property
     def target_names(self) -> List[Optional[str]]:

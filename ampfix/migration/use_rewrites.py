@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Set
 
 from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
 from ampfix.model.apex import param_aliases, param_may_be_none
-from ampfix.migration.groups import Refuse
+from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
 )
@@ -19,7 +19,7 @@ from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
 from ampfix.migration.seeds import (
-    CLIP_SCALED_HELPER, NOT_FORWARD, SCALER_STATE_HELPER, UNSCALED_GRADS_HELPER, Carrier, Use,
+    CLIP_SCALED_HELPER, SCALER_STATE_HELPER, UNSCALED_GRADS_HELPER, Carrier, Use, calls_model,
 )
 from ampfix.migration.switches import SwitchSeed, framework_autocast, low_mmcv_floors
 
@@ -188,13 +188,11 @@ class UseRewrites:
         if not names or not isinstance(owner, ast.If) or owner is unit:
             return
         wanted = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in names], ctx=ast.Load())
-        outer, _ = forward_region(owner, wanted, unit, barriers, self._models(u.module, func))
+        models = self._models(u.module, func)
+        outer, _ = forward_region(owner, wanted, unit, barriers, models)
         if outer is None or any(self._under_autocast(x) for x in outer.stmts):
             return
-        models = self._models(u.module, func)
-        if not any(isinstance(n, ast.Call) and (dotted(n.func) in models or (
-                isinstance(n.func, ast.Attribute) and dotted(n.func.value) in models
-                and n.func.attr not in NOT_FORWARD)) for x in outer.stmts for n in walk(x)):
+        if not any(calls_model(n, models) for x in outer.stmts for n in walk(x)):
             return  # nothing there runs the model (a known one): that is not the forward pass
         self._add_region(u.module, outer.block, outer.first, outer.last, header)
 
@@ -330,7 +328,7 @@ class UseRewrites:
         for s in self.g.seeds:
             if s.models is None or s.module is not module:
                 continue
-            names = {dotted(e) for e in (s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models])}
+            names = set(s.model_names)
             if isinstance(s.stmt, ast.Assign) and not getattr(s, "exported_from", None):
                 names |= set(s.target_names)
             names.discard(None)
@@ -811,8 +809,6 @@ class UseRewrites:
         st = stmt_of(clip)
         fc.replace(clip, f"_clip_scaled_grad_norm_({c.expr}, {params}, {', '.join(rest)})")
         fc.drop_stale_comment(st, ("master",))
-        from ampfix.migration.groups import add_module_helper
-
         helper = CLIP_SCALED_HELPER
         if self.s.torch_version < (1, 9):  # torch.linalg.vector_norm came in 1.9
             helper = helper.replace("torch.linalg.vector_norm(", "torch.norm(")
@@ -823,28 +819,26 @@ class UseRewrites:
         return True
 
     def _read_unscaled(self, u: Use, c: Carrier, call, o: str, params: str) -> bool:
-        """``grad_norm = get_grad_norm(amp.master_params(opt))`` on every micro-batch (a norm
-        logged, not a clip): apex had unscaled the gradients after each backward; here they are
-        scaled until the step, and ``unscale_`` may run once per step.  The read runs in
+        """``grad_norm = get_grad_norm(amp.master_params(opt))``, ``clipper.step(amp.master_params(opt))``
+        on every micro-batch: apex had unscaled the gradients after each backward; here they are
+        scaled until the step, and ``unscale_`` may run once per step.  The call runs in
         ``with _unscaled_grads(scaler, opt):``, which divides the gradients by the scale and
         multiplies them back after: exact for the dynamic scale (a power of two), so a static loss
-        scale refuses.  False where it does not apply (a clip; a statement over several lines)."""
+        scale refuses.  False where it does not apply (``clip_grad_norm_``, which the callers
+        handle; a statement over several lines)."""
         outer = getattr(call, "_p", None)
         st = stmt_of(call)
         if not isinstance(outer, ast.Call) or call not in outer.args or "clip" in (dotted(outer.func) or "") or \
                 not isinstance(st, (ast.Expr, ast.Assign)) or st.lineno != st.end_lineno:
             return False
-        if any(s.call is not None and (
-                "loss_scale" in kwargs(s.call) and not is_const(kwargs(s.call)["loss_scale"], "dynamic"))
-                for s in self.g.seeds if getattr(s, "call", None) is not None):
+        if any(getattr(s, "call", None) is not None and "loss_scale" in kwargs(s.call)
+               and not is_const(kwargs(s.call)["loss_scale"], "dynamic") for s in self.g.seeds):
             return False
         m = u.module
         text = m.src.code(st)
         a = call.col_offset - st.col_offset
         b = call.end_col_offset - st.col_offset
         self.fc(m).replace_statement(st, [f"with _unscaled_grads({c.expr}, {o}):", "    " + text[:a] + params + text[b:]])
-        from ampfix.migration.groups import add_module_helper
-
         self.fc(m).adds.append(ImportSpec("contextlib"))
         add_module_helper(self.fc(m), m, UNSCALED_GRADS_HELPER, "_unscaled_grads")
         self.notes.add("a gradient read on every micro-batch runs in _unscaled_grads(): the gradients divided by the "
