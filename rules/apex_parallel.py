@@ -1,5 +1,8 @@
+import ast
+from typing import List, Optional
 
 from ampfix.model.analysis import has_star, is_const, kwargs, number_value
+from ampfix.model.semantic import walk
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -8,6 +11,11 @@ DDP_KEEP = {"delay_allreduce": "dropped: torch DDP overlaps all-reduce in bucket
             "gradient_average": "dropped: torch DDP always averages",
             "gradient_predivide_factor": ("dropped: it only split apex's averaging around the all-reduce, against "
                                           "float16 overflow; torch DDP averages the gradients itself")}
+#: methods of apex's DistributedDataParallel that torch's has not (a call of one on the wrapped
+#: model raises AttributeError once the wrapper is torch's)
+APEX_DDP_ONLY = frozenset({"enable_allreduce", "disable_allreduce", "sync_bucket_structure", "allreduce_bucket",
+                           "allreduce_maybe_retain", "allreduce_fallback", "comm_ready_buckets", "create_hooks"})
+DDP = "apex.parallel.DistributedDataParallel"
 
 
 class ApexParallel(ApexRule):
@@ -22,6 +30,12 @@ class ApexParallel(ApexRule):
     `bucket_cap_mb` (4 bytes an element); `process_group` is kept.  Any other argument
     (`allreduce_always_fp32`, `gradient_predivide_factor`, `channel_last`, `fuse_relu`...) has
     no torch equivalent: the call is reported and left for a person.
+
+    The wrapper's type changes, so a module is fixed as a whole: `isinstance(m, DDP)` (and any
+    other reference to apex's class) becomes torch's class with the calls, and nothing in the
+    module is fixed when one call cannot be, or when the module calls a method only apex's DDP
+    has (`disable_allreduce()` / `enable_allreduce()` around gradient accumulation: torch's DDP
+    skips the all-reduce with `with model.no_sync():` instead).
 
     ## Why is this bad?
     apex's DDP predates torch's and is unmaintained; torch's overlaps communication with
@@ -108,6 +122,64 @@ class ApexParallel(ApexRule):
         ),
         Invalid("from apex.parallel import DistributedDataParallel as DDP\nisinstance(m, DDP)\n",
                 message="a reference, not a call"),
+        Invalid(
+            # the wrapper is tested by type in the module that makes it: both change together
+            """
+            import torch
+            from apex.parallel import DistributedDataParallel as DDP
+            model = DDP(model)
+            if isinstance(model, DDP):
+                inner = model.module
+            """,
+            count=2,
+            expected="""
+            import torch
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+                inner = model.module
+            """,
+        ),
+        Invalid(
+            # apex DDP's own switch for gradient accumulation: torch's DDP has none
+            """
+            from apex.parallel import DistributedDataParallel as DDP
+            model = DDP(model)
+            for step, batch in enumerate(loader):
+                model.disable_allreduce()
+                if (step + 1) % 4 == 0:
+                    model.enable_allreduce()
+                model(batch).backward()
+            """,
+            message="`model.disable_allreduce()` at line 4 is apex's DistributedDataParallel's own",
+            expected="""
+            from apex.parallel import DistributedDataParallel as DDP
+            model = DDP(model)
+            for step, batch in enumerate(loader):
+                model.disable_allreduce()
+                if (step + 1) % 4 == 0:
+                    model.enable_allreduce()
+                model(batch).backward()
+            """,
+        ),
+        Invalid(
+            # one call that cannot change keeps the module's reference to apex's class
+            """
+            import apex
+            from apex.parallel import DistributedDataParallel as DDP
+            a = DDP(a)
+            b = apex.parallel.DistributedDataParallel(b, allreduce_always_fp32=True)
+            ok = isinstance(a, DDP)
+            """,
+            count=3,
+            message="left with",
+            expected="""
+            import apex
+            from apex.parallel import DistributedDataParallel as DDP
+            a = DDP(a)
+            b = apex.parallel.DistributedDataParallel(b, allreduce_always_fp32=True)
+            ok = isinstance(a, DDP)
+            """,
+        ),
         Invalid("import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n",
                 message="`allreduce_always_fp32` has no torch equivalent",
                 expected="import apex\nm = apex.parallel.DistributedDataParallel(m, allreduce_always_fp32=True)\n"),
@@ -115,7 +187,11 @@ class ApexParallel(ApexRule):
 
     def message(self, qname, fix, call=None):
         text = super().message(qname, fix, call)
-        if call is None:
+        own = call is not None and self._fix_call(call.func, call, qname) is None
+        why = self._module_refusal() if qname == DDP and fix is None and not own else None
+        if why:
+            text += f" ({why})"
+        elif call is None and fix is None:
             text += " (a reference, not a call: rename it by hand)"
         elif fix is None and qname.split(".")[-1] in ("DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"):
             known = {*DDP_KEEP, "message_size", "module", "process_group", "gradient_average"}
@@ -124,7 +200,69 @@ class ApexParallel(ApexRule):
             text += f" ({what} no torch equivalent: left for a person)"
         return text
 
+    def _ddp_uses(self) -> List[ast.AST]:
+        """Every reference to apex's DistributedDataParallel in the module (calls and others)."""
+        key = ("apex-ddp-uses", id(self.module))
+        if key not in self.ctx._cache:
+            out = []
+            for n in walk(self.module, into_functions=True):
+                if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                    p = self.parent(n)
+                    if not (isinstance(p, ast.Attribute) and p.value is n) and self.apex_name(n) == DDP \
+                            and not self._maybe_torch(n):
+                        out.append(n)
+            self.ctx._cache[key] = out
+        return self.ctx._cache[key]
+
+    def _maybe_torch(self, node) -> bool:
+        """A name bound to apex's DDP on one path and to torch's on another
+        (``if use_apex: from apex.parallel import DDP else: from torch.nn.parallel import DDP``,
+        ``except ImportError: DDP = torch.nn.parallel.DistributedDataParallel``)."""
+        if any(not q.startswith("apex.") for q in self.qnames(node)):
+            return True
+        return isinstance(node, ast.Name) and any(
+            b.kind != "import" or not (b.qname or "").startswith("apex.") for b in self.sem.bindings_of(node))
+
+    def _module_refusal(self) -> Optional[str]:
+        """Why apex's DDP cannot change in this module, or None: a method only it has is called,
+        or one of its calls has no torch equivalent (the module's other references keep apex's
+        class with it, so that a type test still matches what the module makes)."""
+        key = ("apex-ddp-refusal", id(self.module))
+        if key in self.ctx._cache:
+            return self.ctx._cache[key]
+        why = None
+        uses = self._ddp_uses()
+        if uses:
+            for n in walk(self.module, into_functions=True):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in APEX_DDP_ONLY:
+                    why = (f"`{self.src.code(n)}` at line {n.lineno} is apex's DistributedDataParallel's own; torch's "
+                           "has none (it skips the all-reduce with `with model.no_sync():`): left for a person")
+                    break
+        if why is None:
+            for n in uses:
+                p = self.parent(n)
+                if isinstance(p, ast.Call) and p.func is n and self._fix_call(n, p, DDP) is None:
+                    why = (f"the module's apex DistributedDataParallel at line {n.lineno} has no torch equivalent, "
+                           "so its other uses are left with it")
+                    break
+        self.ctx._cache[key] = why
+        return why
+
     def fix_for(self, node, call, qname):
+        if qname == DDP and self._module_refusal():
+            return None
+        if call is None and qname == DDP and not self._maybe_torch(node):
+            # a type test of the wrapper the module makes: torch's class, with the calls
+            uses = self._ddp_uses()
+            if not any(isinstance(self.parent(n), ast.Call) and self.parent(n).func is n for n in uses):
+                return None
+            add, remove = self.import_edits(node)
+            func = "torch.nn.parallel.DistributedDataParallel"
+            return Fix(f"apex.parallel.DistributedDataParallel -> {func} (the module's wrappers are torch's now)",
+                       [self.edits.replace(node, func)], add_imports=add, remove_imports=remove)
+        return self._fix_call(node, call, qname)
+
+    def _fix_call(self, node, call, qname):
         if call is None or has_star(call):
             return None
         kind = qname.split(".")[-1]
