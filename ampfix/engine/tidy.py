@@ -95,6 +95,14 @@ def _speaks_of_apex(text: str) -> bool:
     return "apex" in low or re.search(r"\bamp\b", low) is not None
 
 
+def _speaks_of_mixed_precision(text: str) -> bool:
+    """A comment about half precision (``# fp16 execution of torch.einsum``): right above an apex
+    statement that goes, it described that statement."""
+    low = text.lower()
+    return _speaks_of_apex(text) or re.search(r"\bO[0-3]\b", text) is not None or re.search(
+        r"\bfp16\b|float16|half[- ]precision|mixed[- ]precision|opt_level|loss[- ]scal", low) is not None
+
+
 def comments_above(src: Source, line: int) -> Optional[int]:
     """The first of the comment lines right above ``line`` (None when there are none)."""
     no, first = line - 1, None
@@ -103,15 +111,17 @@ def comments_above(src: Source, line: int) -> Optional[int]:
     return first
 
 
-def apex_comment_above(src: Source, line: int, of_import: bool = False) -> Optional[int]:
+def apex_comment_above(src: Source, line: int, of_import: bool = False, described: bool = False) -> Optional[int]:
     """The first of the comment lines right above ``line`` when together they speak of apex (or,
     ``of_import``, above a removed apex import: of importing or installing it, ``# online import
-    to avoid installing if not used``)."""
+    to avoid installing if not used``; or, ``described``, above an apex statement that goes: of
+    half precision)."""
     first = comments_above(src, line)
     if first is None:
         return None
     text = " ".join(src.line_text(n) for n in range(first, line))
-    if not (_speaks_of_apex(text) or (of_import and re.search(r"\bimport|\binstall", text.lower()))):
+    speaks = _speaks_of_mixed_precision(text) if described else _speaks_of_apex(text)
+    if not (speaks or (of_import and re.search(r"\bimport|\binstall", text.lower()))):
         return None
     return first
 
@@ -155,6 +165,8 @@ class Remover:
                     self.gone[id(owner)] = owner
                     changed = True
         tops = [s for s in self.gone.values() if not self._inside_gone(s)]
+        # a block that goes because the described statements in it went is described too
+        described = set(described) | {id(s) for s in tops if any(id(x) in described for x in walk(s))}
         edits.extend(self._carry_comments([s for s in tops if id(s) not in obsolete]))
         blocks: Dict[tuple, List[ast.stmt]] = {}
         for s in tops:
@@ -202,7 +214,10 @@ class Remover:
         apex (``# use apex for mixed precision``): they described what went, and go with it.
         ``under_code``: also where code comes right before them (above an apex statement, not an
         import, a comment speaks of what follows it)."""
-        first = apex_comment_above(self.src, self.b.first_line(s), of_import=not under_code and self._import_like(s))
+        # a block of them (`if args.fp16: try: import apex ...`) is apex's setup: a comment on half
+        # precision right above it described it
+        first = apex_comment_above(self.src, self.b.first_line(s), of_import=not under_code and self._import_like(s),
+                                   described=under_code or isinstance(s, (ast.If, ast.Try)))
         if first is None or under_code:
             return first
         before = self.src.line_text(first - 1).rstrip() if first > 1 else ""
@@ -281,8 +296,9 @@ class Remover:
         if isinstance(s, (ast.Try, ast.If)):
             inner = [x for x in iter_statements(s.body)] + [x for h in getattr(s, "handlers", ()) for x in h.body]
             has_import = any(isinstance(x, (ast.Import, ast.ImportFrom)) for x in inner)
-            return has_import and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Assign, ast.Pass, ast.Raise, ast.Expr))
-                                      for x in inner)
+            # (`if args.fp16: try: import apex ... except ImportError: raise ...` nests one in the other)
+            return has_import and all(isinstance(x, (ast.Import, ast.ImportFrom, ast.Assign, ast.Pass, ast.Raise, ast.Expr,
+                                                     ast.Try, ast.If)) for x in inner)
         return False
 
     def _clause(self, owner, block, keyword: str) -> Edit:
@@ -355,7 +371,7 @@ class Remover:
 def _alias_matches(stmt, alias, spec) -> bool:
     if isinstance(stmt, ast.Import):
         return spec.obj is None and alias.name == spec.module and (alias.asname or None) == spec.asname
-    if stmt.level or stmt.module != spec.module:
+    if "." * stmt.level + (stmt.module or "") != spec.module:  # (`.file_utils` for a relative import)
         return False
     return alias.name == spec.obj and (alias.asname or None) == spec.asname
 

@@ -121,7 +121,7 @@ class FunctionApiPlanner:
                     raise Refuse(f"amp.{kind} at line {n.lineno}: the function is not named by a literal")
                 known = AUTOCAST_FP32 if kind == "register_float_function" else AUTOCAST_FP16
                 if fname in known:
-                    fc.remove(st)
+                    fc.remove(st, described=True)
                     notes.add(f"{kind}(..., {fname!r}): autocast already runs {fname} in that dtype")
                     continue
                 helper = "float_function" if kind == "register_float_function" else "half_function"
