@@ -664,8 +664,8 @@ class DualModule:
                 if r and all(id(x) in self.dead or self._in_dead_test(x) or self._in_apex_guard(x) for x in r):
                     if isinstance(imp, ast.Import):
                         out.append(ImportSpec(a.name if a.asname else a.name.split(".")[0], None, a.asname))
-                    elif not imp.level and imp.module:
-                        out.append(ImportSpec(imp.module, a.name, a.asname))
+                    else:  # (a relative one as `.file_utils`)
+                        out.append(ImportSpec("." * imp.level + (imp.module or ""), a.name, a.asname))
         return out
 
     def _in_apex_guard(self, n) -> bool:
@@ -860,6 +860,22 @@ class DualModule:
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) == flag and \
                         id(n) not in self.dead and id(n) not in fc.touched and not self._inside_dropped(n):
                     fc.remove(n)
+
+        # `self.use_apex = False` in __init__ (its `= True` went with the apex branch): once nothing
+        # in the project reads the attribute, its stores go
+        for cid, flags in self.attr_flags.items():
+            for attr, value in flags.items():
+                if value is not False or self.p.named_elsewhere(self.m, attr) or any(
+                        isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.ctx, ast.Load)
+                        and id(n) not in self.dead and not self._in_dead_test(n)
+                        for n in walk(self.m.tree, into_functions=True)):
+                    continue
+                for n in walk(self.m.tree, into_functions=True):
+                    if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                            and n.targets[0].attr == attr and isinstance(n.targets[0].value, ast.Name) \
+                            and n.targets[0].value.id == "self" and id(n) not in self.dead \
+                            and id(n) not in fc.touched and not self._inside_dropped(n):
+                        fc.remove(n)
 
         # `_native_amp = False` at the top, `= True` under a torch version test: once nothing
         # reads the flag (its tests folded), its stores go (the version test with them, emptied)
