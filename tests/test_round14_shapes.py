@@ -1,0 +1,138 @@
+"""Shapes met reading the fourteenth round's side-by-side diffs of modules the corpus counted
+right: a vendored Hugging Face trainer whose apex path goes (its `self.use_apex = False` and its
+relative `is_apex_available` import stayed as dead code), and a comment on half precision above
+an apex setup block that went.  apex DDP's own methods are AMP103's examples (rules/apex_parallel.py)."""
+import textwrap
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ampfix.cli import main
+
+FILE_UTILS = '''\
+import importlib.util
+
+
+def is_apex_available():
+    return importlib.util.find_spec("apex") is not None
+'''
+
+TRAINER = '''\
+import torch
+
+from .file_utils import is_apex_available, logger_name
+
+if is_apex_available():
+    from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, args):
+        self.model = model
+        self.optimizer = optimizer
+        self.args = args
+        self.use_amp = False
+        self.use_apex = False
+        if args.fp16:
+            if args.fp16_backend == "amp":
+                self.use_amp = True
+                self.scaler = torch.cuda.amp.GradScaler()
+            else:
+                if not is_apex_available():
+                    raise ImportError("Using FP16 with APEX but APEX is not installed.")
+                self.use_apex = True
+
+    def wrap_model(self, model):
+        # Mixed precision training with apex (torch < 1.6)
+        if self.use_apex:
+            model, self.optimizer = amp.initialize(model, self.optimizer, opt_level=self.args.fp16_opt_level)
+        return model
+
+    def training_step(self, model, x):
+        if self.use_amp:
+            with torch.cuda.amp.autocast():
+                loss = model(x).mean()
+        else:
+            loss = model(x).mean()
+        if self.use_amp:
+            self.scaler.scale(loss).backward()
+        elif self.use_apex:
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        return loss.detach()
+
+    def step(self, model):
+        torch.nn.utils.clip_grad_norm_(
+            amp.master_params(self.optimizer) if self.use_apex else model.parameters(), 1.0)
+        if self.use_amp:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+'''
+
+
+def write(root: Path, files: dict) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def migrate(root: Path):
+    return CliRunner().invoke(main, ["migrate", "--write", "--torch-version", "2.4", str(root)])
+
+
+def test_vendored_trainer_loses_its_dead_apex_flag_and_relative_import(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/file_utils.py": FILE_UTILS + "\nlogger_name = 'x'\n",
+                     "pkg/trainer.py": TRAINER})
+    out = migrate(tmp_path)
+    assert out.exit_code == 0, out.output
+    after = (tmp_path / "pkg" / "trainer.py").read_text()
+    assert "apex" not in after.lower(), after
+    assert "use_apex" not in after and "is_apex_available" not in after, after
+    # what the module still reads from the relative import stays
+    assert "from .file_utils import logger_name" in after, after
+    compile(after, "trainer.py", "exec")
+
+
+def test_a_flag_read_in_another_module_is_kept(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/file_utils.py": FILE_UTILS + "\nlogger_name = 'x'\n",
+                     "pkg/trainer.py": TRAINER,
+                     "pkg/report.py": "def report(trainer):\n    return {'apex': trainer.use_apex}\n"})
+    out = migrate(tmp_path)
+    assert out.exit_code == 0, out.output
+    after = (tmp_path / "pkg" / "trainer.py").read_text()
+    assert "self.use_apex = False" in after, after
+
+
+EINSUM = textwrap.dedent('''\
+    import torch
+
+
+    def main(args, model):
+        model.train()
+
+        # We want fp16 execution of torch.einsum if args.fp16 is set.
+        if args.fp16:
+            try:
+                import apex
+
+                apex.amp.register_half_function(torch, "einsum")
+            except ImportError:
+                raise ImportError("Please install apex to use fp16 training.")
+
+        # Training
+        return model
+''')
+
+
+def test_a_comment_on_half_precision_goes_with_the_setup_block_under_it(tmp_path):
+    write(tmp_path, {"run.py": EINSUM})
+    out = migrate(tmp_path)
+    assert out.exit_code == 0, out.output
+    after = (tmp_path / "run.py").read_text()
+    assert "einsum" not in after and "apex" not in after, after
+    assert "# Training" in after and "model.train()" in after, after
