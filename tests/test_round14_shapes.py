@@ -136,3 +136,57 @@ def test_a_comment_on_half_precision_goes_with_the_setup_block_under_it(tmp_path
     after = (tmp_path / "run.py").read_text()
     assert "einsum" not in after and "apex" not in after, after
     assert "# Training" in after and "model.train()" in after, after
+
+
+# thunlp/OpenMatch's DANCE driver (and its kind): the batch comes from a `try: next(it)` whose
+# `except StopIteration:` evaluates the model before starting the data again; the model read
+# there computes nothing the loss needs, so the region is the forward pass alone
+STREAMING = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def evaluate(model, data):
+        model.eval()
+        with torch.no_grad():
+            out = sum(model(x).sum() for x in data)
+        model.train()
+        return out
+
+
+    def train(args, model, optimizer, data):
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        it = iter(data)
+        step = 0
+        while step < args.steps:
+            if step % 10 == 0:
+                data = [x * 1.0 for x in data]
+                it = iter(data)
+            try:
+                batch = next(it)
+            except StopIteration:
+                print(evaluate(model, data))
+                it = iter(data)
+                batch = next(it)
+            step += 1
+            loss = model(batch).pow(2).mean()
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+''')
+
+
+def test_the_region_leaves_out_a_data_fetch_that_only_evaluates_the_model_on_the_side():
+    from ampfix.engine.check import check_source
+    from ampfix.model.settings import Settings
+    from ampfix.registry import all_rules
+
+    fixed = check_source(STREAMING.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
+    assert fixed is not None and "apex" not in fixed, fixed
+    lines = fixed.splitlines()
+    region = next(i for i, x in enumerate(lines) if "with torch.autocast(" in x)
+    # the forward and the loss only: the data fetch and the evaluation on the side stay outside
+    assert lines[region + 1].strip() == "loss = model(batch).pow(2).mean()", fixed
+    assert lines[region - 1].strip() == "step += 1", fixed
+    compile(fixed, "x.py", "exec")

@@ -243,6 +243,31 @@ class Region:
         return f"Region(lines {self.block[self.first].lineno}-{self.block[self.last].end_lineno})"
 
 
+def _model_feeds(stmt: ast.stmt, names: Set[str], models: Set[str]) -> bool:
+    """A model is read on the way to ``names`` in ``stmt``: in a compound statement, back through
+    what it assigns (``try: batch = next(it) except StopIteration: evaluate(model); batch = ...``
+    feeds the loss its batch only; the model it reads there computes nothing the loss needs)."""
+    if not isinstance(stmt, (ast.If, ast.Try, ast.With, ast.AsyncWith, *LOOPS)) and \
+            type(stmt).__name__ != "TryStar":
+        return True
+    inner = [x for x in walk(stmt) if isinstance(x, ast.stmt) and x is not stmt and not isinstance(
+        x, (ast.If, ast.Try, ast.With, ast.AsyncWith, *LOOPS, *DEFS)) and type(x).__name__ != "TryStar"]
+    tests = [x for x in [stmt, *walk(stmt)] if isinstance(x, (ast.If, ast.While))]
+    if any(read(t.test) & models for t in tests):
+        return True  # a branch chosen by the model's output (or its mode): it is part of the forward
+    wanted = set(names)
+    for x in reversed(inner):
+        got = assigned(x)
+        # (an expression statement feeds a name it calls a method of: `inputs.append(model(x))`)
+        mutates = isinstance(x, ast.Expr) and isinstance(x.value, ast.Call) and isinstance(x.value.func, ast.Attribute) \
+            and (dotted(x.value.func.value) or "").split(".")[0] in wanted
+        if got & wanted or mutates:
+            if read(x) & models:
+                return True
+            wanted |= read(x)
+    return False
+
+
 def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
                    is_barrier=None) -> Tuple[Optional[Region], Set[str]]:
     """The statements before ``site`` that compute ``loss`` (an expression), by data flow back
@@ -261,6 +286,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             return None, needed
         first = last = None
         contrib = set()
+        feeds: dict = {}  # contributing statement -> the names the loss needed from it
         for j in range(idx - 1, -1, -1):
             s = block[j]
             if id(s) in barrier_ids or isinstance(s, (*DEFS, ast.Return)):
@@ -271,6 +297,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 continue  # nothing found yet: the loss may come from before (a GAN's two losses)
             got = assigned(s)
             if got & needed:
+                feeds[j] = got & needed
                 needed |= read(s)
                 contrib.add(j)
                 first = j
@@ -279,7 +306,8 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             start = first
             if models:
                 # from the first statement that uses a model (if one does)
-                using = [j for j in range(first, last + 1) if read(block[j]) & models]
+                using = [j for j in range(first, last + 1) if read(block[j]) & models
+                         and (j not in feeds or _model_feeds(block[j], feeds[j], models))]
                 start = using[0] if using else first
             # nor input preparation, nor what the loss does not come from (a progress bar, a
             # `continue` for a short batch, zero_grad) at the start
