@@ -6,8 +6,11 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set
 
+from ampfix.migration.rewriter import insert_edit
+from ampfix.migration.seeds import Carrier, Seed
 from ampfix.model.analysis import method_call
 from ampfix.model.semantic import dotted, walk
+
 
 class Solver:
     def __init__(self, project, seeds: List[Seed], name: str) -> None:
@@ -150,11 +153,7 @@ class Solver:
     def _binds(func, name: str) -> bool:
         return name in func.positional or name in func.kwonly or any(
             isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in walk(func.node))
-from ampfix.migration.rewriter import insert_edit
-from ampfix.migration.seeds import Carrier, Seed
 
-
-# a model's methods that do not run its forward
 
 class CarrierRewrites:
     """The part of a group's plan (:class:`ampfix.migration.amp.GroupPlan`) that carries the scaler."""
