@@ -1,7 +1,10 @@
 import ast
 from typing import List, Optional
 
+from ampfix.migration.parallel import plan as ddp_plan
 from ampfix.model.analysis import has_star, is_const, kwargs, number_value
+from ampfix.model.apex import (APEX_DDP as DDP, apex_ddp_call_changes, apex_ddp_only_calls, maybe_not_apex,
+                               subclassed_at)
 from ampfix.model.semantic import walk
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
@@ -11,11 +14,6 @@ DDP_KEEP = {"delay_allreduce": "dropped: torch DDP overlaps all-reduce in bucket
             "gradient_average": "dropped: torch DDP always averages",
             "gradient_predivide_factor": ("dropped: it only split apex's averaging around the all-reduce, against "
                                           "float16 overflow; torch DDP averages the gradients itself")}
-#: methods of apex's DistributedDataParallel that torch's has not (a call of one on the wrapped
-#: model raises AttributeError once the wrapper is torch's)
-APEX_DDP_ONLY = frozenset({"enable_allreduce", "disable_allreduce", "sync_bucket_structure", "allreduce_bucket",
-                           "allreduce_maybe_retain", "allreduce_fallback", "comm_ready_buckets", "create_hooks"})
-DDP = "apex.parallel.DistributedDataParallel"
 
 
 class ApexParallel(ApexRule):
@@ -31,11 +29,12 @@ class ApexParallel(ApexRule):
     (`allreduce_always_fp32`, `gradient_predivide_factor`, `channel_last`, `fuse_relu`...) has
     no torch equivalent: the call is reported and left for a person.
 
-    The wrapper's type changes, so a module is fixed as a whole: `isinstance(m, DDP)` (and any
-    other reference to apex's class) becomes torch's class with the calls, and nothing in the
-    module is fixed when one call cannot be, or when the module calls a method only apex's DDP
-    has (`disable_allreduce()` / `enable_allreduce()` around gradient accumulation: torch's DDP
-    skips the all-reduce with `with model.no_sync():` instead).
+    The wrapper's type changes, so a project is fixed as a whole (a module on its own when it is
+    checked alone): `isinstance(m, DDP)` (and any other reference to apex's class, in any module)
+    becomes torch's class with the calls, and nothing is fixed when one call cannot be, or when a
+    method only apex's DDP has is called (`disable_allreduce()` / `enable_allreduce()` around
+    gradient accumulation: torch's DDP skips the all-reduce with `with model.no_sync():`
+    instead).
 
     ## Why is this bad?
     apex's DDP predates torch's and is unmaintained; torch's overlaps communication with
@@ -61,6 +60,7 @@ class ApexParallel(ApexRule):
     fix_kind = "safe"
     since = "1.1"
     prefix = "apex.parallel"
+    planner = staticmethod(ddp_plan)
 
     VALID = [Valid("import torch\nm = torch.nn.parallel.DistributedDataParallel(m)\n")]
     INVALID = [
@@ -150,7 +150,7 @@ class ApexParallel(ApexRule):
                     model.enable_allreduce()
                 model(batch).backward()
             """,
-            message="`model.disable_allreduce()` at line 4 is apex's DistributedDataParallel's own",
+            message="`model.disable_allreduce()` at example.py line 4 is apex's DistributedDataParallel's own",
             expected="""
             from apex.parallel import DistributedDataParallel as DDP
             model = DDP(model)
@@ -159,6 +159,27 @@ class ApexParallel(ApexRule):
                 if (step + 1) % 4 == 0:
                     model.enable_allreduce()
                 model(batch).backward()
+            """,
+        ),
+        Invalid(
+            # a subclass of apex's DDP is made with apex's arguments: it keeps its base
+            """
+            from apex.parallel import DistributedDataParallel as DDP
+
+            class Wrapper(DDP):
+                pass
+
+            model = DDP(model)
+            """,
+            count=2,
+            message="`Wrapper` subclasses apex's DistributedDataParallel",
+            expected="""
+            from apex.parallel import DistributedDataParallel as DDP
+
+            class Wrapper(DDP):
+                pass
+
+            model = DDP(model)
             """,
         ),
         Invalid(
@@ -209,39 +230,43 @@ class ApexParallel(ApexRule):
                 if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
                     p = self.parent(n)
                     if not (isinstance(p, ast.Attribute) and p.value is n) and self.apex_name(n) == DDP \
-                            and not self._maybe_torch(n):
+                            and not maybe_not_apex(self.sem, n):
                         out.append(n)
             self.ctx._cache[key] = out
         return self.ctx._cache[key]
 
-    def _maybe_torch(self, node) -> bool:
-        """A name bound to apex's DDP on one path and to torch's on another
-        (``if use_apex: from apex.parallel import DDP else: from torch.nn.parallel import DDP``,
-        ``except ImportError: DDP = torch.nn.parallel.DistributedDataParallel``)."""
-        if any(not q.startswith("apex.") for q in self.qnames(node)):
-            return True
-        return isinstance(node, ast.Name) and any(
-            b.kind != "import" or not (b.qname or "").startswith("apex.") for b in self.sem.bindings_of(node))
+    def _project_fact(self) -> Optional[str]:
+        """What the project's plan decided for apex's DDP (ampfix.migration.parallel), if any."""
+        plan = self.ctx.plan
+        return plan.facts.get("apex-ddp") if plan else None
 
     def _module_refusal(self) -> Optional[str]:
-        """Why apex's DDP cannot change in this module, or None: a method only it has is called,
-        or one of its calls has no torch equivalent (the module's other references keep apex's
-        class with it, so that a type test still matches what the module makes)."""
+        """Why apex's DDP cannot change here, or None: a method only it has is called, or one of
+        its calls has no torch equivalent (the other references keep apex's class with it, so that
+        a type test still matches what is made).  The project's plan decides when there is one;
+        a file checked alone decides for itself."""
+        fact = self._project_fact()
+        if fact is not None:
+            return fact[len("keep "):] if fact.startswith("keep ") else None
         key = ("apex-ddp-refusal", id(self.module))
         if key in self.ctx._cache:
             return self.ctx._cache[key]
         why = None
         uses = self._ddp_uses()
-        if uses:
-            for n in walk(self.module, into_functions=True):
-                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in APEX_DDP_ONLY:
-                    why = (f"`{self.src.code(n)}` at line {n.lineno} is apex's DistributedDataParallel's own; torch's "
-                           "has none (it skips the all-reduce with `with model.no_sync():`): left for a person")
-                    break
+        only = apex_ddp_only_calls(self.module) if uses else []
+        if only:
+            n = only[0]
+            why = (f"`{self.src.code(n)}` at line {n.lineno} is apex's DistributedDataParallel's own; torch's "
+                   "has none (it skips the all-reduce with `with model.no_sync():`): left for a person")
         if why is None:
             for n in uses:
                 p = self.parent(n)
-                if isinstance(p, ast.Call) and p.func is n and self._fix_call(n, p, DDP) is None:
+                sub = subclassed_at(n)
+                if sub is not None:
+                    why = (f"`{sub.name}` subclasses apex's DistributedDataParallel at line {sub.lineno}: what makes "
+                           "one passes apex's arguments; left for a person")
+                    break
+                if isinstance(p, ast.Call) and p.func is n and not apex_ddp_call_changes(p):
                     why = (f"the module's apex DistributedDataParallel at line {n.lineno} has no torch equivalent, "
                            "so its other uses are left with it")
                     break
@@ -251,14 +276,17 @@ class ApexParallel(ApexRule):
     def fix_for(self, node, call, qname):
         if qname == DDP and self._module_refusal():
             return None
-        if call is None and qname == DDP and not self._maybe_torch(node):
-            # a type test of the wrapper the module makes: torch's class, with the calls
-            uses = self._ddp_uses()
-            if not any(isinstance(self.parent(n), ast.Call) and self.parent(n).func is n for n in uses):
+        if call is None and qname == DDP:
+            if maybe_not_apex(self.sem, node):
+                return None
+            # a type test of the wrapper the project makes: torch's class, with the calls
+            made = self._project_fact() == "rename" or any(
+                isinstance(self.parent(n), ast.Call) and self.parent(n).func is n for n in self._ddp_uses())
+            if not made:
                 return None
             add, remove = self.import_edits(node)
             func = "torch.nn.parallel.DistributedDataParallel"
-            return Fix(f"apex.parallel.DistributedDataParallel -> {func} (the module's wrappers are torch's now)",
+            return Fix(f"apex.parallel.DistributedDataParallel -> {func} (the wrappers are torch's now)",
                        [self.edits.replace(node, func)], add_imports=add, remove_imports=remove)
         return self._fix_call(node, call, qname)
 

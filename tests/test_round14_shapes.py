@@ -190,3 +190,70 @@ def test_the_region_leaves_out_a_data_fetch_that_only_evaluates_the_model_on_the
     assert lines[region + 1].strip() == "loss = model(batch).pow(2).mean()", fixed
     assert lines[region - 1].strip() == "step += 1", fixed
     compile(fixed, "x.py", "exec")
+
+
+# apex's DDP made in one module and tested by type in another (a checkpoint helper's
+# `model.module if isinstance(model, DDP) else model`): the test changes with the call, or the
+# helper would hand out the wrapper once the wrapper is torch's
+DDP_TRAIN = '''\
+import torch
+from apex.parallel import DistributedDataParallel as DDP
+
+from utils import unwrap
+
+
+def setup(model):
+    model = DDP(model, delay_allreduce=True)
+    return unwrap(model)
+'''
+DDP_UTILS = '''\
+from apex.parallel import DistributedDataParallel as DDP
+
+
+def unwrap(model):
+    return model.module if isinstance(model, DDP) else model
+'''
+DDP_ACCUM = '''\
+from apex.parallel import DistributedDataParallel
+
+
+def backward(model, loss, boundary):
+    assert isinstance(model, DistributedDataParallel)
+    model.disable_allreduce()
+    if boundary:
+        model.enable_allreduce()
+    loss.backward()
+'''
+
+
+def test_a_type_test_in_another_module_changes_with_the_ddp_it_tests(tmp_path):
+    write(tmp_path, {"train.py": DDP_TRAIN, "utils.py": DDP_UTILS})
+    out = migrate(tmp_path)
+    assert out.exit_code == 0, out.output
+    train, utils = (tmp_path / "train.py").read_text(), (tmp_path / "utils.py").read_text()
+    assert "torch.nn.parallel.DistributedDataParallel(model)" in train, train
+    assert "isinstance( model, torch.nn.parallel.DistributedDataParallel )" in " ".join(utils.split()), utils
+    assert "apex" not in train + utils and "DDP" not in utils and "import torch" in utils, utils
+
+
+def test_an_apex_only_method_anywhere_keeps_every_ddp_of_the_project(tmp_path):
+    train = DDP_TRAIN.replace("from utils import unwrap\n", "from accum import backward\nfrom utils import unwrap\n")
+    write(tmp_path, {"train.py": train, "utils.py": DDP_UTILS, "accum.py": DDP_ACCUM})
+    out = migrate(tmp_path)
+    assert "Rewrote 0 files" in out.output, out.output
+    for name, text in (("train.py", train), ("utils.py", DDP_UTILS), ("accum.py", DDP_ACCUM)):
+        assert (tmp_path / name).read_text() == text, name
+    check = CliRunner().invoke(main, ["check", "--select", "AMP103", str(tmp_path)])
+    said = [x for x in check.output.splitlines() if "AMP103" in x]
+    assert len(said) == 3 and all("accum.py line 6 is apex's DistributedDataParallel's own" in x for x in said), \
+        check.output
+
+
+def test_a_type_test_checked_alone_is_left_for_a_person():
+    from ampfix.engine.check import check_source
+    from ampfix.model.settings import Settings
+    from ampfix.registry import all_rules
+
+    res = check_source(DDP_UTILS.encode(), "utils.py", all_rules(), Settings(), fix="safe")
+    assert res.fixed == DDP_UTILS
+    assert any("a reference, not a call" in d.message for d in res.diagnostics), res.diagnostics

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
+from ampfix.model.analysis import has_star, is_const, kwargs, number_value
 from ampfix.model.semantic import dotted, param_defaults, walk
 
 REPLACEMENTS: Dict[str, str] = {
@@ -276,3 +277,49 @@ def apex_value_condition(sem, func_node, name: str) -> Optional[ast.expr]:
             return None
         node = getattr(node, "_p", None)
     return None
+
+
+#: apex's DistributedDataParallel, and the methods only it has (torch's has none: a call of one on
+#: the wrapped model raises AttributeError once the wrapper is torch's)
+APEX_DDP = "apex.parallel.DistributedDataParallel"
+APEX_DDP_ONLY = frozenset({"enable_allreduce", "disable_allreduce", "sync_bucket_structure", "allreduce_bucket",
+                           "allreduce_maybe_retain", "allreduce_fallback", "comm_ready_buckets", "create_hooks"})
+#: apex DDP keywords that torch's DDP can do without (or, message_size, say as bucket_cap_mb)
+APEX_DDP_KEYWORDS = frozenset({"delay_allreduce", "gradient_average", "gradient_predivide_factor", "message_size",
+                               "module"})
+
+
+def apex_ddp_call_changes(call: ast.Call) -> bool:
+    """A call of apex's DistributedDataParallel whose arguments torch's takes (the model, and
+    keywords torch's DDP does without or says otherwise)."""
+    if has_star(call):
+        return False
+    kws = kwargs(call)
+    if len(call.args) + ("module" in kws) != 1 or set(kws) - APEX_DDP_KEYWORDS:
+        return False
+    ga = kws.get("gradient_average")
+    if ga is not None and not is_const(ga, True):
+        return False
+    return "message_size" not in kws or number_value(kws["message_size"]) is not None
+
+
+def maybe_not_apex(sem, node) -> bool:
+    """A name bound to an apex class on one path and to something else on another (``if
+    use_apex: from apex.parallel import DDP else: from torch.nn.parallel import DDP``, ``except
+    ImportError: DDP = torch.nn.parallel.DistributedDataParallel``)."""
+    if any(not (q == "apex" or q.startswith("apex.")) for q in sem.qnames(node)):
+        return True
+    return isinstance(node, ast.Name) and any(
+        b.kind != "import" or not (b.qname or "").startswith("apex.") for b in sem.bindings_of(node))
+
+
+def apex_ddp_only_calls(tree) -> List[ast.Call]:
+    """Calls of a method only apex's DistributedDataParallel has (``model.disable_allreduce()``)."""
+    return [n for n in walk(tree, into_functions=True) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in APEX_DDP_ONLY]
+
+
+def subclassed_at(node) -> Optional[ast.ClassDef]:
+    """The class whose bases name ``node`` (``class CustomDDP(DistributedDataParallel):``)."""
+    p = getattr(node, "_p", None)
+    return p if isinstance(p, ast.ClassDef) and any(b is node for b in p.bases) else None

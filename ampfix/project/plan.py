@@ -39,6 +39,9 @@ class FilePlan:
     reports: List[PlannedReport] = field(default_factory=list)
     #: facts a rule reads at a position ("uninitialized": an apex use no amp.initialize reaches)
     flags: Dict[Pos, str] = field(default_factory=dict)
+    #: facts about the whole file, which hold in every pass (positions do not matter): what a
+    #: project-wide decision says of it (``"apex-ddp"``: ``"keep <why>"`` or ``"rename"``)
+    facts: Dict[str, str] = field(default_factory=dict)
 
     def fix_at(self, node) -> Optional[Fix]:
         return self.fixes.get((node.lineno, node.col_offset))
@@ -48,14 +51,15 @@ class FilePlan:
 
     def merged(self, other: "FilePlan") -> "FilePlan":
         return FilePlan(self.path, {**self.fixes, **other.fixes}, {**self.notes, **other.notes},
-                        [*self.reports, *other.reports], {**self.flags, **other.flags})
+                        [*self.reports, *other.reports], {**self.flags, **other.flags}, {**self.facts, **other.facts})
 
     def without_fixes(self) -> "FilePlan":
-        """For the passes after the first: positions no longer match the edited text."""
-        return FilePlan(self.path)
+        """For the passes after the first: positions no longer match the edited text (the
+        file's facts still hold)."""
+        return FilePlan(self.path, facts=dict(self.facts))
 
     def __bool__(self) -> bool:
-        return bool(self.fixes or self.notes or self.reports or self.flags)
+        return bool(self.fixes or self.notes or self.reports or self.flags or self.facts)
 
 
 def planners_of(rules) -> list:
