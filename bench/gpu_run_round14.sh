@@ -19,6 +19,8 @@ echo "== verify einsum_registration.py (--fp16 --gradient_accumulation_steps 2: 
 python -m ampfix verify --steps $STEPS --no-profile einsum_registration.py --json "$J/einsum_registration.json" -- --fp16 --steps 200 2>&1 | tail -9
 echo "== verify einsum_registration.py (--fp16 --gradient_accumulation_steps 1)"
 python -m ampfix verify --steps $STEPS --no-profile einsum_registration.py --json "$J/einsum_registration_accum1.json" -- --fp16 --gradient_accumulation_steps 1 --steps 200 2>&1 | tail -9
+echo "== verify streaming_batches.py (--opt_level O1: the forward's region without the data fetch, the evaluation on the side under autocast)"
+python -m ampfix verify --steps $STEPS --no-profile streaming_batches.py --json "$J/streaming_batches.json" -- --steps 200 2>&1 | tail -9
 cd "$ROOT"
 echo "== every migrated fixture's script on the GPU"
 python -m pytest -q -p no:cacheprovider tests/test_migrate_fixtures.py -k "test_after_scripts_run" 2>&1 | tail -4 | tee "$J/after_scripts_on_gpu.txt"

@@ -185,10 +185,13 @@ def test_the_region_leaves_out_a_data_fetch_that_only_evaluates_the_model_on_the
     fixed = check_source(STREAMING.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
     assert fixed is not None and "apex" not in fixed, fixed
     lines = fixed.splitlines()
-    region = next(i for i, x in enumerate(lines) if "with torch.autocast(" in x)
-    # the forward and the loss only: the data fetch and the evaluation on the side stay outside
+    region = next(i for i, x in enumerate(lines) if "with torch.autocast(" in x and "loss =" in lines[i + 1])
+    # the forward and the loss only: the data fetch stays outside (the evaluation on the side
+    # gets a region of its own: apex ran it in half precision too)
     assert lines[region + 1].strip() == "loss = model(batch).pow(2).mean()", fixed
     assert lines[region - 1].strip() == "step += 1", fixed
+    fetch = next(i for i, x in enumerate(lines) if x.strip() == "try:")
+    assert "autocast" not in lines[fetch - 1] and lines[fetch].startswith("        try:"), fixed
     compile(fixed, "x.py", "exec")
 
 
@@ -257,3 +260,22 @@ def test_a_type_test_checked_alone_is_left_for_a_person():
     res = check_source(DDP_UTILS.encode(), "utils.py", all_rules(), Settings(), fix="safe")
     assert res.fixed == DDP_UTILS
     assert any("a reference, not a call" in d.message for d in res.diagnostics), res.diagnostics
+
+
+def test_an_evaluation_inside_a_print_runs_under_autocast_but_not_one_beside_other_project_code():
+    from ampfix.engine.check import check_source
+    from ampfix.model.settings import Settings
+    from ampfix.registry import all_rules
+
+    code = STREAMING.replace("print(evaluate(model, data))", "print(f'acc {evaluate(model, data)}')")
+    fixed = check_source(code.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
+    lines = fixed.splitlines()
+    at = next(i for i, x in enumerate(lines) if "evaluate(model, data)" in x and "print" in x)
+    assert "with torch.autocast(" in lines[at - 1], fixed
+    # beside another function of the project, the statement is not the evaluation's alone
+    code = STREAMING.replace("print(evaluate(model, data))", "print(evaluate(model, data), step_log(step))") + \
+        "\n\ndef step_log(step):\n    return step\n"
+    fixed = check_source(code.encode(), "x.py", all_rules(), Settings(), fix="safe").fixed
+    lines = fixed.splitlines()
+    at = next(i for i, x in enumerate(lines) if "step_log(step))" in x)
+    assert "autocast" not in lines[at - 1], fixed

@@ -48,7 +48,8 @@ class EvaluationRewrites:
                 if not isinstance(n, ast.Call) or n.lineno <= s.stmt.end_lineno:
                     continue
                 st = stmt_of(n)
-                if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is n):
+                if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is not None and (
+                        st.value is n or self._only_around(module, st, n))):
                     continue
                 f, bound = self.p.resolve(module, n.func)
                 if f is None or f is caller:
@@ -96,6 +97,22 @@ class EvaluationRewrites:
         quiet = quiet or any(method_call(x, "eval") and dotted(x.func.value) in params for x in body
                              if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute))
         return quiet
+
+    def _only_around(self, module, st, call) -> bool:
+        """``call`` inside a statement that does nothing else of the project's
+        (``print(f"acc {evaluate(model, data)}")``, ``results.append(evaluate(model, data))``):
+        the other calls in it are not functions of the project, so the statement can go under
+        autocast whole."""
+        inside = {id(x) for x in walk(call)}
+        for x in walk(st.value):
+            if isinstance(x, ast.Call) and x is not call and id(x) not in inside:
+                f, _ = self.p.resolve(module, x.func)
+                if f is not None:
+                    return False
+            if isinstance(x, (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)) and \
+                    any(y is call for y in walk(x)):
+                return False  # a call that runs later, or many times, is not the statement's
+        return True
 
     def _inside_planned_region(self, st) -> bool:
         """Whether a region this plan adds already holds ``st``."""
