@@ -1,11 +1,8 @@
-import ast
-from typing import List, Optional
+from typing import Optional
 
-from ampfix.migration.parallel import plan as ddp_plan
-from ampfix.model.analysis import has_star, is_const, kwargs, number_value
-from ampfix.model.apex import (APEX_DDP as DDP, apex_ddp_call_changes, apex_ddp_only_calls, maybe_not_apex,
-                               subclassed_at)
-from ampfix.model.semantic import walk
+from ampfix.migration.parallel import ddp_uses, decide, plan as ddp_plan
+from ampfix.model.analysis import has_star, kwargs, number_value
+from ampfix.model.apex import APEX_DDP as DDP, apex_ddp_call_changes, maybe_not_apex
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -221,57 +218,20 @@ class ApexParallel(ApexRule):
             text += f" ({what} no torch equivalent: left for a person)"
         return text
 
-    def _ddp_uses(self) -> List[ast.AST]:
-        """Every reference to apex's DistributedDataParallel in the module (calls and others)."""
-        key = ("apex-ddp-uses", id(self.module))
+    def _fact(self) -> Optional[str]:
+        """``keep <why>``, ``rename`` or None for this file's apex DDP: the project's plan decides
+        (ampfix.migration.parallel); a file checked on its own decides alone, the same way."""
+        plan = self.ctx.plan
+        if plan and "apex-ddp" in plan.facts:
+            return plan.facts["apex-ddp"]
+        key = ("apex-ddp", id(self.module))
         if key not in self.ctx._cache:
-            out = []
-            for n in walk(self.module, into_functions=True):
-                if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
-                    p = self.parent(n)
-                    if not (isinstance(p, ast.Attribute) and p.value is n) and self.apex_name(n) == DDP \
-                            and not maybe_not_apex(self.sem, n):
-                        out.append(n)
-            self.ctx._cache[key] = out
+            self.ctx._cache[key] = decide(ddp_uses(self.src.path, self.sem, self.module, self.src.code))
         return self.ctx._cache[key]
 
-    def _project_fact(self) -> Optional[str]:
-        """What the project's plan decided for apex's DDP (ampfix.migration.parallel), if any."""
-        plan = self.ctx.plan
-        return plan.facts.get("apex-ddp") if plan else None
-
     def _module_refusal(self) -> Optional[str]:
-        """Why apex's DDP cannot change here, or None: a method only it has is called, or one of
-        its calls has no torch equivalent (the other references keep apex's class with it, so that
-        a type test still matches what is made).  The project's plan decides when there is one;
-        a file checked alone decides for itself."""
-        fact = self._project_fact()
-        if fact is not None:
-            return fact[len("keep "):] if fact.startswith("keep ") else None
-        key = ("apex-ddp-refusal", id(self.module))
-        if key in self.ctx._cache:
-            return self.ctx._cache[key]
-        why = None
-        uses = self._ddp_uses()
-        only = apex_ddp_only_calls(self.module) if uses else []
-        if only:
-            n = only[0]
-            why = (f"`{self.src.code(n)}` at line {n.lineno} is apex's DistributedDataParallel's own; torch's "
-                   "has none (it skips the all-reduce with `with model.no_sync():`): left for a person")
-        if why is None:
-            for n in uses:
-                p = self.parent(n)
-                sub = subclassed_at(n)
-                if sub is not None:
-                    why = (f"`{sub.name}` subclasses apex's DistributedDataParallel at line {sub.lineno}: what makes "
-                           "one passes apex's arguments; left for a person")
-                    break
-                if isinstance(p, ast.Call) and p.func is n and not apex_ddp_call_changes(p):
-                    why = (f"the module's apex DistributedDataParallel at line {n.lineno} has no torch equivalent, "
-                           "so its other uses are left with it")
-                    break
-        self.ctx._cache[key] = why
-        return why
+        fact = self._fact()
+        return fact[len("keep "):] if fact and fact.startswith("keep ") else None
 
     def fix_for(self, node, call, qname):
         if qname == DDP and self._module_refusal():
@@ -280,9 +240,7 @@ class ApexParallel(ApexRule):
             if maybe_not_apex(self.sem, node):
                 return None
             # a type test of the wrapper the project makes: torch's class, with the calls
-            made = self._project_fact() == "rename" or any(
-                isinstance(self.parent(n), ast.Call) and self.parent(n).func is n for n in self._ddp_uses())
-            if not made:
+            if self._fact() != "rename":
                 return None
             add, remove = self.import_edits(node)
             func = "torch.nn.parallel.DistributedDataParallel"
@@ -299,16 +257,11 @@ class ApexParallel(ApexRule):
         pos = call.args
         notes = []
         if kind == "DistributedDataParallel":
-            if len(pos) + ("module" in kws) != 1 or set(kws) - set(DDP_KEEP) - {"message_size", "module"}:
-                return None
-            ga = kws.get("gradient_average")
-            if ga is not None and not is_const(ga, True):
+            if not apex_ddp_call_changes(call):
                 return None
             args = [self.code_of(pos[0] if pos else kws["module"])]
             if "message_size" in kws:
                 ms = number_value(kws["message_size"])
-                if ms is None:
-                    return None
                 args.append(f"bucket_cap_mb={float(ms) * 4 / 2 ** 20!r}")
             notes = [f"{k} {v}" for k, v in DDP_KEEP.items() if k in kws]
             func = "torch.nn.parallel.DistributedDataParallel"

@@ -3,78 +3,88 @@
 The rewrite to torch's DDP changes the wrapper's type, so every module that makes one or tests
 for one (``model.module if isinstance(model, DDP) else model``, often in a checkpoint helper of
 another module) changes together, or none does: a type test left on apex's class turns false, and
-``get_model()`` hands out the wrapper (a checkpoint gains a ``module.`` prefix).  The plan tells
-AMP103, by a flag at each use of apex's DDP in the project:
+``get_model()`` hands out the wrapper (a checkpoint gains a ``module.`` prefix).  :func:`decide`
+says, for the uses a wrapper reaches:
 
-* ``ddp:keep <why>``: nothing changes (a method only apex's DDP has is called somewhere, or one
-  of the project's calls has arguments torch's DDP does not take);
-* ``ddp:rename``: a reference that is no call becomes torch's class with the calls (every call in
-  the project can change).
+* ``keep <why>``: nothing changes (a method only apex's DDP has is called, a call has arguments
+  torch's DDP does not take, or a class subclasses apex's);
+* ``rename``: a reference that is no call becomes torch's class with the calls (there is one).
 
-Without a plan (one file checked on its own) the rule decides per module.
+The plan hands that to AMP103 as the fact ``"apex-ddp"`` of each file (it holds in every fix
+pass); a file checked on its own (no plan) is decided alone, with the same function.
 """
 from __future__ import annotations
 
 import ast
-from pathlib import PurePosixPath
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from ampfix.model.apex import (APEX_DDP, apex_ddp_call_changes, apex_ddp_only_calls, apex_uses, maybe_not_apex,
                               subclassed_at)
 from ampfix.project.plan import FilePlan
 
 
-def plan(project) -> Dict[str, FilePlan]:
-    uses: List[Tuple[object, ast.AST, bool]] = []  # (module, node, is a call)
-    for m in project.modules.values():
-        if "parallel" not in m.src.text or "apex" not in m.src.text:
-            continue
-        for node, q in apex_uses(m.sem, m.tree):
-            if q != APEX_DDP or maybe_not_apex(m.sem, node):
-                continue
+class DdpUse(NamedTuple):
+    path: str
+    tree: ast.Module
+    code: Callable[[ast.AST], str]
+    node: ast.AST
+    is_call: bool
+
+
+def ddp_uses(path: str, sem, tree, code) -> List[DdpUse]:
+    """The uses of apex's DistributedDataParallel in a module (a name that may be torch's on
+    another path is not one)."""
+    out = []
+    for node, q in apex_uses(sem, tree):
+        if q == APEX_DDP and not maybe_not_apex(sem, node):
             p = getattr(node, "_p", None)
-            uses.append((m, node, isinstance(p, ast.Call) and p.func is node))
+            out.append(DdpUse(path, tree, code, node, isinstance(p, ast.Call) and p.func is node))
+    return out
+
+
+def plan(project) -> Dict[str, FilePlan]:
+    uses: List[DdpUse] = []
+    owner: Dict[str, object] = {}
+    for m in project.modules.values():
+        if "parallel" in m.src.text and "apex" in m.src.text:
+            mine = ddp_uses(m.path, m.sem, m.tree, m.src.code)
+            uses.extend(mine)
+            if mine:
+                owner[m.path] = m
     if not uses:
         return {}
     out: Dict[str, FilePlan] = {}
     # a wrapper made in one module reaches a type test in another through imports: modules one
     # of which imports the other (directly or not) decide together, separate scripts alone
-    groups: Dict[int, List[Tuple[object, ast.AST, bool]]] = {}
-    comp = _components(project, {id(m): m for m, _, _ in uses}.values())
+    comp = _components(project, owner.values())
+    groups: Dict[int, List[DdpUse]] = {}
     for u in uses:
-        groups.setdefault(comp[id(u[0])], []).append(u)
+        groups.setdefault(comp[id(owner[u.path])], []).append(u)
     for mine in groups.values():
-        fact = _decide(mine)
-        if fact is None:
-            continue
-        for m, _, _ in mine:
-            out.setdefault(m.path, FilePlan(m.path, facts={"apex-ddp": fact}))
+        fact = decide(mine)
+        for u in mine if fact is not None else ():
+            out.setdefault(u.path, FilePlan(u.path, facts={"apex-ddp": fact}))
     return out
 
 
-def _decide(uses) -> Optional[str]:
-    why = None
-    for m in sorted({id(m): m for m, _, _ in uses}.values(), key=lambda x: x.path):
-        only = apex_ddp_only_calls(m.tree)
+def decide(uses: List[DdpUse]) -> Optional[str]:
+    """``keep <why>``, ``rename`` or None (nothing to say) for uses that one wrapper may reach."""
+    for path, tree in sorted({u.path: u.tree for u in uses}.items()):
+        only = apex_ddp_only_calls(tree)
         if only:
             n = only[0]
-            why = (f"`{m.src.code(n)}` at {m.path} line {n.lineno} is apex's DistributedDataParallel's own; torch's "
-                   "has none (it skips the all-reduce with `with model.no_sync():`): left for a person")
-            break
-    if why is None:
-        for m, node, is_call in uses:
-            sub = subclassed_at(node)
-            if sub is not None:
-                why = (f"`{sub.name}` subclasses apex's DistributedDataParallel at {m.path} line {sub.lineno}: what "
-                       "makes one passes apex's arguments; left for a person")
-                break
-            if is_call and not apex_ddp_call_changes(node._p):
-                why = (f"apex's DistributedDataParallel at {m.path} line {node.lineno} has no torch equivalent, so "
-                       "the other uses it reaches are left with it")
-                break
-    if why is not None:
-        return "keep " + why
-    return "rename" if any(is_call for _, _, is_call in uses) else None
+            code = next(u.code for u in uses if u.path == path)
+            return (f"keep `{code(n)}` at {path} line {n.lineno} is apex's DistributedDataParallel's own; torch's "
+                    "has none (it skips the all-reduce with `with model.no_sync():`): left for a person")
+    for u in uses:
+        sub = subclassed_at(u.node)
+        if sub is not None:
+            return (f"keep `{sub.name}` subclasses apex's DistributedDataParallel at {u.path} line {sub.lineno}: "
+                    "what makes one passes apex's arguments; left for a person")
+        if u.is_call and not apex_ddp_call_changes(u.node._p):
+            return (f"keep apex's DistributedDataParallel at {u.path} line {u.node.lineno} has no torch equivalent, "
+                    "so the other uses it reaches are left with it")
+    return "rename" if any(u.is_call for u in uses) else None
 
 
 def _components(project, modules) -> Dict[int, int]:
@@ -85,8 +95,8 @@ def _components(project, modules) -> Dict[int, int]:
     for m in list(project.modules.values()):
         out = edges.setdefault(id(m), set())
         for imp in m.sem.imports:
-            for name in _imported_names(m, imp):
-                other = project.module_named(name) if name else None
+            for name in _imported_names(project, m, imp):
+                other = project.module_named(name)
                 if other is not None and other is not m:
                     out.add(id(other))
 
@@ -116,15 +126,11 @@ def _components(project, modules) -> Dict[int, int]:
     return {id(m): find(id(m)) for m in mods}
 
 
-def _imported_names(module, imp) -> List[str]:
-    """The dotted module names an import statement may load (a relative one said from the
-    importing module's folder)."""
+def _imported_names(project, module, imp) -> List[str]:
+    """The dotted module names an import statement may load (a relative one made absolute)."""
     if isinstance(imp, ast.Import):
         return [a.name for a in imp.names]
-    base = imp.module or ""
-    if imp.level:
-        folder = list(PurePosixPath(module.path.replace("\\", "/")).parent.parts)
-        folder = folder[:len(folder) - (imp.level - 1)] if imp.level > 1 else folder
-        folder = [x for x in folder if x not in ("", ".", "/")]
-        base = ".".join([*folder[-3:], *([base] if base else [])])
-    return [base, *(f"{base}.{a.name}" for a in imp.names if a.name != "*")] if base else []
+    base = project.absolute(module, "." * imp.level + (imp.module or ""))
+    if not base:
+        return []
+    return [base, *(f"{base}.{a.name}" for a in imp.names if a.name != "*")]

@@ -343,13 +343,19 @@ class Project:
                                 return m, True
         return None, False
 
+    @staticmethod
+    def absolute(module: Module, qname: str) -> str:
+        """``qname`` said from ``module``'s package when it is relative (``.file_utils.x``)."""
+        if not qname.startswith("."):
+            return qname
+        pkg = (module.name or "").split(".")
+        level = len(qname) - len(qname.lstrip("."))
+        is_pkg = module.path.endswith("__init__.py")
+        base = pkg[: len(pkg) - level + (1 if is_pkg else 0)]
+        return ".".join([*base, qname.lstrip(".")])
+
     def _imported(self, module: Module, qname: str) -> Tuple[Optional[Function], bool]:
-        if qname.startswith("."):
-            pkg = (module.name or "").split(".")
-            level = len(qname) - len(qname.lstrip("."))
-            is_pkg = module.path.endswith("__init__.py")
-            base = pkg[: len(pkg) - level + (1 if is_pkg else 0)]
-            qname = ".".join([*base, qname.lstrip(".")])
+        qname = self.absolute(module, qname)
         parts = qname.split(".")
         for i in range(len(parts) - 1, 0, -1):
             mod = self.module_named(".".join(parts[:i]))
