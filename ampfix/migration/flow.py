@@ -247,11 +247,12 @@ def _model_feeds(stmt: ast.stmt, names: Set[str], models: Set[str]) -> bool:
     """A model is read on the way to ``names`` in ``stmt``: in a compound statement, back through
     what it assigns (``try: batch = next(it) except StopIteration: evaluate(model); batch = ...``
     feeds the loss its batch only; the model it reads there computes nothing the loss needs)."""
-    if not isinstance(stmt, (ast.If, ast.Try, ast.With, ast.AsyncWith, *LOOPS)) and \
-            type(stmt).__name__ != "TryStar":
+    def compound(x) -> bool:
+        return isinstance(x, (ast.If, ast.Try, ast.With, ast.AsyncWith, *LOOPS)) or type(x).__name__ == "TryStar"
+
+    if not compound(stmt):
         return True
-    inner = [x for x in walk(stmt) if isinstance(x, ast.stmt) and x is not stmt and not isinstance(
-        x, (ast.If, ast.Try, ast.With, ast.AsyncWith, *LOOPS, *DEFS)) and type(x).__name__ != "TryStar"]
+    inner = [x for x in walk(stmt) if isinstance(x, ast.stmt) and not compound(x) and not isinstance(x, DEFS)]
     tests = [x for x in [stmt, *walk(stmt)] if isinstance(x, (ast.If, ast.While))]
     if any(read(t.test) & models for t in tests):
         return True  # a branch chosen by the model's output (or its mode): it is part of the forward
