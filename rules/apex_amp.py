@@ -696,7 +696,9 @@ class ApexAmp(ApexRule):
                     s.backward()
                 optimizer.step()
             """,
-            message="amp.initialize is not called in the project on the way here",
+            # nothing calls it: it would take the scaler as `scaler=`, but the loss's forward pass
+            # is in callers the project does not have
+            message="whose callers cannot all be followed",
         ),
     ]
 

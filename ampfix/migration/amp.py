@@ -188,8 +188,20 @@ class AmpPlanner:
                     g.seeds, g.needs = [], []
                 g.add_use(u.module.path, u.node)
         # uses that no seed reaches (code nothing calls) go with a group of their module
+        entries: Dict[str, Group] = {}
         for u, c in unattached:
             g = next((gg for gg in by_root.values() if u.module.path in gg.uses), None)
+            if g is None and _library_entry(c):
+                # a function of a library module that nothing in the project calls, whose caller
+                # initialized apex (a training script outside the files given): it takes the
+                # scaler as `scaler=`, and its own uses migrate against it
+                g = entries.get(u.module.path)
+                if g is None:
+                    g = entries[u.module.path] = Group(f"apex.amp:{u.module.path}:entry", "apex.amp")
+                    g.seeds, g.needs = [], []
+                g.needs.append((u, c))
+                g.add_use(u.module.path, u.node)
+                continue
             if g is None:
                 key = u.module.path
                 g = orphans.get(key)
@@ -206,7 +218,7 @@ class AmpPlanner:
         for u in checks:
             g = next((gg for gg in by_root.values() if u.module.path in gg.uses), None)
             if g is None:
-                g = orphans.get(u.module.path)
+                g = orphans.get(u.module.path) or entries.get(u.module.path)
             if g is None:
                 g = orphans[u.module.path] = Group(f"apex.amp:{u.module.path}:checks", "apex.amp")
                 g.seeds, g.needs = [], []
@@ -230,7 +242,24 @@ class AmpPlanner:
                 g.refusal = str(exc)
             except Exception as exc:  # a planner bug: this group is left whole, the others go on
                 g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+        for g in entries.values():
+            if _path_refused(orphans, g):
+                g.refusal = orphans[next(iter(g.uses))].refusal
+                continue
+            if not any(u.kind == "scale_loss" for u, _ in g.needs):
+                # a checkpoint helper that only saves apex's state trains nothing: a scaler
+                # parameter there would be one more thing its callers (a runner) must find
+                g.refusal = ("amp.initialize is not called in the project on the way here, so the scaler has no "
+                             "home (run ampfix on the files that initialize apex too)")
+                continue
+            try:
+                GroupPlan(self, g, solver).plan()
+            except Refuse as exc:
+                g.refusal = str(exc)
+            except Exception as exc:  # a planner bug: this group is left whole, the others go on
+                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
         groups.extend(by_root.values())
+        groups.extend(entries.values())
         groups.extend(orphans.values())
         return groups
 
@@ -655,6 +684,9 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, EvaluationRewrites, 
                          "ampfix the files that train")
         if self.pure:
             g.description = "apex.amp -> model.half() (O3 is pure float16: no autocast, no master weights, no loss scaling)"
+        elif not g.seeds and any(u.kind == "scale_loss" for u, _ in g.needs):
+            # a library function whose caller initialized apex: the scaler comes in as a parameter
+            g.description = "apex.amp -> " + description(self.s)
         elif not g.seeds:
             g.description = "apex.amp: the check that apex is installed goes"
         elif training:
@@ -721,6 +753,21 @@ class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, EvaluationRewrites, 
                             f"(apex's amp is imported inside `{where.qualname}` only), so the fp16 path raised "
                             "NameError: import it at the module's top, then migrate")
         return None
+
+
+def _library_entry(c: Optional[Carrier]) -> bool:
+    """The scaler reaches ``c`` as the keyword-only parameter of a plain function (not a method:
+    its object's protocol is not ours to change) that nothing in the project calls."""
+    f = getattr(c, "entry", None)
+    return c is not None and c.kind == "param" and not c.seeds and f is not None and f.cls is None and \
+        f.outer is None
+
+
+def _path_refused(orphans: Dict[str, Group], g: Group) -> bool:
+    """A module whose other apex uses are refused (an orphan group there) keeps its entry
+    function's too: half of a module's apex code migrated would mix the two in one file."""
+    return any(path in orphans and orphans[path].refusal and not getattr(orphans[path], "checks_only", False)
+               for path in g.uses)
 
 
 def _shared_folders(a: str, b: str) -> int:

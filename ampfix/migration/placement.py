@@ -7,6 +7,7 @@ import ast
 from typing import Dict, List, Optional, Set
 
 from ampfix.migration.rewriter import insert_edit
+from ampfix.migration.spell import scaler_call
 from ampfix.migration.seeds import Carrier, Seed
 from ampfix.model.analysis import method_call
 from ampfix.model.semantic import dotted, walk
@@ -182,7 +183,10 @@ class CarrierRewrites:
                 self.param_added.add(id(entry.node))
                 self._add_param(entry)
                 what = entry.cls.name if entry.node.name == "__init__" and entry.cls is not None else entry.qualname
-                self.notes.add(f"`{what}` is not called in the project: it now takes the GradScaler as `{self.name}=`")
+                made = self._made_as(entry)
+                carried = "the autocast switch" if getattr(self, "bf16", False) else "the GradScaler"
+                self.notes.add(f"`{what}` is not called in the project: it now takes {carried} as `{self.name}=`"
+                               + (f"; its callers pass {made}" if made else ""))
             for cs in c.sites:
                 cc = self.solver.solve(cs.module, cs.caller)
                 todo.append(cc)
@@ -202,6 +206,27 @@ class CarrierRewrites:
                 if rename and cs.argument(rename) is not None:
                     continue  # the argument is apex's amp: its own rewrite passes the scaler
                 self._pass(cs, cc.expr)
+
+    def _made_as(self, entry) -> str:
+        """What a caller of a library entry passes, where every scaled backward in it ran under one
+        test (``if config.use_amp:``): ``scaler=torch.amp.GradScaler("cuda", enabled=config.use_amp)``
+        keeps the function's fp32 path where it was."""
+        tests = set()
+        for u, _ in self.g.needs:
+            if u.kind != "scale_loss" or u.func is not entry:
+                continue
+            st = getattr(getattr(u.node, "_p", None), "_p", None)  # the call, its withitem, the with
+            while st is not None and not isinstance(st, ast.With):
+                st = getattr(st, "_p", None)
+            gd = getattr(st, "_p", None)
+            if not (isinstance(gd, ast.If) and any(x is st for x in gd.body)):
+                return ""
+            tests.add(entry.module.src.code(gd.test))
+        if len(tests) != 1:
+            return ""
+        if getattr(self, "bf16", False):
+            return f"`{self.name}={next(iter(tests))}`"
+        return f"`{self.name}={scaler_call(self.s, ['enabled=' + next(iter(tests))], one_line=True)}`"
 
     def _keep_in_init(self, init) -> None:
         """``self.scaler = scaler`` first in __init__ (after ``super().__init__(...)``), so that

@@ -38,15 +38,16 @@ def target(settings) -> str:
     return settings.target
 
 
-def scaler_call(settings, args: List[str], indent: int = 0, head: str = "") -> str:
+def scaler_call(settings, args: List[str], indent: int = 0, head: str = "", one_line: bool = False) -> str:
     """``torch.amp.GradScaler("cuda", ...)``, or ``torch.cuda.amp.GradScaler(...)``; one argument
-    a line when the statement (``head`` + call, at ``indent``) would be long."""
+    a line when the statement (``head`` + call, at ``indent``) would be long (never ``one_line``:
+    for a message)."""
     if target(settings) == "torch.cuda.amp":
         func = "torch.cuda.amp.GradScaler"
     else:
         func, args = "torch.amp.GradScaler", ['"cuda"', *args]
     one = f"{func}({', '.join(args)})"
-    if indent + len(head) + len(one) <= MAX_LINE or len(args) < 2:
+    if one_line or indent + len(head) + len(one) <= MAX_LINE or len(args) < 2:
         return one
     return f"{func}(\n" + "".join(f"    {a},\n" for a in args) + ")"
 
