@@ -23,6 +23,10 @@ ENTRIES = {
     "setup_returns": [["train.py", "--steps", "3"], ["embed.py"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says
+    "library_entry": [["../drive.py", "--use-amp", "--epochs", "2"], ["../drive.py", "--epochs", "2"]],
+    # FP16_Optimizer made in main.py, its backward and step in engine.py's train()
+    "fp16_engine": [["main.py", "--steps", "16"], ["main.py", "--steps", "16", "--fp16"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

@@ -101,11 +101,38 @@ class Fp16Plan(Rewriter):
         super().__init__(project, g)
         self.m = module
         self.uses = uses
-        self.code = module.src.code
+        #: modules the optimizer is handed into (``from engine import train``), by the id of their tree
+        self.trees: Dict[int, object] = {id(module.tree): module}
+        self.code = lambda node: self._mod(node).src.code(node)
         self.notes = g.notes
         self.removed: Set[int] = set()
         self._half_before: Dict[int, tuple] = {}
         self.callees: Dict[int, Tuple[object, str]] = {}
+
+    def _mod(self, node):
+        """The module a node of this plan is in: the FP16_Optimizer's, or one it is handed into."""
+        p = node
+        while p is not None and not isinstance(p, ast.Module):
+            p = getattr(p, "_p", None)
+        return self.trees.get(id(p), self.m)
+
+    def _units(self):
+        """(module, tree or function node) to search for the optimizer's uses and the fp16 flag's
+        casts: the FP16_Optimizer's module, and in the modules it is handed into, the functions
+        that receive it and the others its maker calls (an evaluation handed the model)."""
+        out = [(self.m, self.m.tree)]
+        if self.func is None:
+            return out
+        seen = set()
+        for n in walk(self.unit):
+            if not isinstance(n, ast.Call):
+                continue
+            f, _ = self.p.resolve(self.m, n.func)
+            if f is None or f.module is self.m or id(f.node) in seen or id(f.module.tree) not in self.trees:
+                continue
+            seen.add(id(f.node))
+            out.append((f.module, f.node))
+        return out
 
     # -- the whole module ----------------------------------------------------------------------
     def plan(self) -> None:
@@ -136,6 +163,7 @@ class Fp16Plan(Rewriter):
         if len(targets) != 1:
             raise Refuse("FP16_Optimizer is assigned to several names: migrate it by hand")
         self.opt = targets.pop()
+        self.ctor_line = calls[0].lineno
         func = m.function_of(calls[0])
         if any(m.function_of(c) is not func for c in calls):
             raise Refuse("the FP16_Optimizers of this module are made in different functions")
@@ -165,6 +193,9 @@ class Fp16Plan(Rewriter):
         fc = self.fc(m)
         fc.adds.append(ImportSpec("torch"))
         fc.removes.extend(apex_import_specs(m))
+        for other in self.trees.values():
+            if other is not m and other.path in self.g.changes:
+                self.fc(other).adds.append(ImportSpec("torch"))
 
     def _callees(self) -> Dict[int, Tuple[object, str]]:
         """``train(args, model, loader, optimizer, epoch)`` called where the FP16_Optimizer is made:
@@ -179,7 +210,7 @@ class Fp16Plan(Rewriter):
                     dotted(a) == self.opt for a in [*n.args, *(k.value for k in n.keywords)]):
                 continue
             f, bound = self.p.resolve(m, n.func)
-            if f is None or f.module is not m or f is self.func:
+            if f is None or f is self.func:
                 continue
             params = self._params_given(n, f, bound, self.opt)
             if len(params) != 1:
@@ -197,6 +228,12 @@ class Fp16Plan(Rewriter):
             if refs:
                 raise Refuse(f"`{f.qualname}` is used other than by a call (line {refs[0].lineno}): pass the scaler "
                              "there by hand")
+            if f.module is not m:
+                # `from engine import train`: the optimizer is handed into another module
+                if not f.module.editable:
+                    raise Refuse(f"`{self.opt}` is handed to `{f.qualname}` in {f.module.path}, which was not given: "
+                                 "run ampfix on the whole project")
+                self.trees[id(f.module.tree)] = f.module
             for cs in self.p.callers(f):
                 if cs.caller is not self.func or dotted(cs.argument(param)) != self.opt:
                     where = cs.caller.qualname if cs.caller else "module level"
@@ -230,7 +267,8 @@ class Fp16Plan(Rewriter):
             fc = self.fc(f.module)
             add_keyword_param(fc, f, self.scaler)
             for cs in self.p.callers(f):
-                fc.edits.append(fc.b.insert_arg(cs.node, f"{self.scaler}={self.scaler}"))
+                cfc = self.fc(cs.module)
+                cfc.edits.append(cfc.b.insert_arg(cs.node, f"{self.scaler}={self.scaler}"))
             what = "whether AMP is on" if bf16(self.s) else "the GradScaler"
             self.notes.add(f"`{f.qualname}` receives the optimizer: it takes {what} too, as `{self.scaler}=`")
 
@@ -488,9 +526,10 @@ class Fp16Plan(Rewriter):
         # handed to made their inputs float16 for it too (evaluation among them)
         flag = self._flag()
         if flag is not None:
-            m = self.m
-            for n in walk(m.tree, into_functions=True):
-                if isinstance(n, ast.Call) and self._is_half(n) and id(n) not in self.removed:
+            for m, unit in self._units():
+                for n in walk(unit, into_functions=True):
+                    if not (isinstance(n, ast.Call) and self._is_half(n) and id(n) not in self.removed):
+                        continue
                     st = stmt_of(n)
                     f = m.function_of(n)
                     gds = [gd for gd in guards(st, f.node if f is not None else m.tree) if self.code(gd.test) == flag]
@@ -513,7 +552,7 @@ class Fp16Plan(Rewriter):
                     continue
                 owner, field, block = block_of(st)
                 i = next(k for k, x in enumerate(block) if x is st)
-                self._add_region(self.m, block, i, i, header)
+                self._add_region(f.module, block, i, i, header)
                 self.notes.add(f"`{f.qualname}` ran the float16 model: its forward runs under autocast")
 
     def _flag(self) -> Optional[str]:
@@ -526,7 +565,7 @@ class Fp16Plan(Rewriter):
             return
         inner = self._peel(call)
         st = stmt_of(call)
-        fc = self.fc(self.m)
+        fc = self.fc(self._mod(call))
         self.removed.add(id(call))
         if self._inside_gone(st):
             return
@@ -551,13 +590,14 @@ class Fp16Plan(Rewriter):
 
     # -- uses of the optimizer -------------------------------------------------------------------
     def _uses_of_opt(self, calls) -> None:
-        m, opt, fc = self.m, self.opt, self.fc(self.m)
+        opt = self.opt
         in_ctor = {id(x) for c in calls for x in [stmt_of(c), *walk(stmt_of(c))]}
         backwards, clips, updates, scales, inners, zero_grads, steps = [], [], [], [], [], [], []
         #: the name the optimizer has where each use is (a parameter in the functions it is handed to)
         self.opt_at: Dict[int, str] = {}
         given = {p for _, p in self.callees.values()}
-        for n in walk(m.tree, into_functions=True):
+        units = [(self.m, self.m.tree)] + [(f.module, f.node) for f, _ in self.callees.values() if f.module is not self.m]
+        for n in (x for _, unit in units for x in walk(unit, into_functions=True)):
             if not isinstance(n, (ast.Name, ast.Attribute)) or id(n) in in_ctor:
                 continue
             d = dotted(n)
@@ -567,7 +607,7 @@ class Fp16Plan(Rewriter):
                 continue
             if self._inside_gone(stmt_of(n)):
                 continue
-            f = m.function_of(n)
+            f = self._mod(n).function_of(n)
             callee = self.callees.get(id(f.node)) if f is not None else None
             if callee is not None and d == callee[1]:
                 self.opt_at[id(n)] = d
@@ -608,11 +648,18 @@ class Fp16Plan(Rewriter):
                 elif attr in ("backward", "clip_master_grads", "update_master_grads", "loss_scale", "optimizer"):
                     raise Refuse(f"`{opt}.{attr}` at line {n.lineno} is not used as FP16_Optimizer's")
         if not backwards:
-            raise Refuse(f"`{opt}.backward(loss)` is not in this module")
+            raise Refuse(f"`{opt}.backward(loss)` is not in this module nor in a function it hands `{opt}` to")
         scaler = self.scaler
         sites = []
         for call in backwards:
+            m = self._mod(call)
+            fc = self.fc(m)
             st = stmt_of(call)
+            if m is not self.m:
+                # no apex name in this module: the report of its rewrite is here
+                self.g.anchors.setdefault(m.path, []).append(
+                    (call, f"`{self.code(call)}` is the backward of the FP16_Optimizer made in {self.m.path} "
+                           f"(line {self.ctor_line}): the GradScaler scales the loss now"))
             loss = arg(call, "loss", 0)
             if loss is None or not (isinstance(st, ast.Expr) and st.value is call):
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
@@ -626,12 +673,12 @@ class Fp16Plan(Rewriter):
                 fc.replace(call, f"{lc}.backward({', '.join(extra)})")
             else:
                 fc.replace(call, f"{scaler}.scale({self.code(loss)}).backward({', '.join(extra)})")
-            fc.drop_stale_comment(st, ("master",))
+            fc.drop_stale_comment(st, ("master", "fp16_optimizer"))
             site = self._collapse_twin(st, loss)
             sites.append(site)
-            unit = self.m.function_of(call)
+            unit = m.function_of(call)
             unit = unit.node if unit is not None else m.tree
-            header = autocast_call(self.s, self.enabled if (self.m.function_of(call) is self.func) else
+            header = autocast_call(self.s, self.enabled if (m.function_of(call) is self.func) else
                                    (scaler if bf16(self.s) else f"{scaler}.is_enabled()"))
             region, missing = forward_region(site, loss, unit, [], self.models)
             if region is None:
@@ -644,19 +691,23 @@ class Fp16Plan(Rewriter):
                         if isinstance(n, ast.Call) and self._is_half(n):
                             self._unwrap(n)
         # steps that follow a scaled backward, then one update (in each function that steps)
-        conv = [s for s in steps if follows(stmt_of(s), sites, (m.function_of(s).node if m.function_of(s) else m.tree))]
+        def unit_of(node):
+            f = self._mod(node).function_of(node)
+            return f.node if f is not None else self._mod(node).tree
+
+        conv = [s for s in steps if follows(stmt_of(s), sites, unit_of(s))]
         if bf16(self.s):
             conv = []  # no scaler: the optimizer steps itself
         for s in conv:
-            fc.replace(s, f"{scaler}.step({self._opt_of(s)})")
+            self.fc(self._mod(s)).replace(s, f"{scaler}.step({self._opt_of(s)})")
         last_in: Dict[int, ast.Call] = {}
         for s in conv:
-            f = m.function_of(s)
+            f = self._mod(s).function_of(s)
             k = id(f.node) if f is not None else 0
             if k not in last_in or (s.lineno, s.col_offset) > (last_in[k].lineno, last_in[k].col_offset):
                 last_in[k] = s
         for last in last_in.values():
-            fc.insert_after(stmt_of(last), [f"{scaler}.update()"])
+            self.fc(self._mod(last)).insert_after(stmt_of(last), [f"{scaler}.update()"])
         for call in clips:
             st = stmt_of(call)
             if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
@@ -665,6 +716,7 @@ class Fp16Plan(Rewriter):
             params = (self.inner_params if o == self.opt and self.inner_params else
                       f'(p for group in {o}.param_groups for p in group["params"])')
             rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
+            fc = self.fc(self._mod(call))
             fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
             if not bf16(self.s):
                 fc.insert_before(st, [f"{scaler}.unscale_({o})"])
@@ -673,20 +725,20 @@ class Fp16Plan(Rewriter):
             st = stmt_of(call)
             if not (isinstance(st, ast.Expr) and st.value is call):
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
-            fc.remove(st)
+            self.fc(self._mod(call)).remove(st)
         for call in zero_grads:
             for k in call.keywords:
                 if k.arg != "set_grads_to_None":
                     raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument")
-                fc.replace(k, f"set_to_none={self.code(k.value)}")
+                self.fc(self._mod(call)).replace(k, f"set_to_none={self.code(k.value)}")
             if call.args:
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno}: unknown argument")
         for node in scales:
             if bf16(self.s):
                 raise Refuse(f"`{self.opt}.loss_scale` at line {node.lineno}: bfloat16 has no loss scale")
-            fc.replace(node, f"{scaler}.get_scale()")
+            self.fc(self._mod(node)).replace(node, f"{scaler}.get_scale()")
         for node in inners:
-            fc.replace(node, self.opt_at[id(node.value)])
+            self.fc(self._mod(node)).replace(node, self.opt_at[id(node.value)])
         self._fp16_only_warmup()
 
     def _counters_go(self, block) -> None:
@@ -744,7 +796,7 @@ class Fp16Plan(Rewriter):
             e = gd.orelse[0]
             if isinstance(e, ast.Expr) and method_call(e.value, "backward") and \
                     self.code(receiver(e.value)) == self.code(loss):
-                fc = self.fc(self.m)
+                fc = self.fc(self._mod(st))
                 fc.unwrap(gd, gd.body)
                 fc.touched.add(id(gd))
                 return gd
@@ -756,7 +808,7 @@ class Fp16Plan(Rewriter):
             e = gd.orelse[0]
             if isinstance(e, (ast.Expr, ast.Assign)) and isinstance(e.value, ast.Call) and \
                     "clip_grad" in (dotted(e.value.func) or ""):
-                fc = self.fc(self.m)
+                fc = self.fc(self._mod(st))
                 fc.unwrap(gd, gd.body)
                 fc.touched.add(id(gd))
 

@@ -111,9 +111,16 @@ class FileChanges:
 
     def drop_stale_comment(self, stmt, words: Sequence[str]) -> None:
         """The comment at the end of ``stmt``'s last line goes when it speaks of what the rewrite
-        removed (``# ... copies the gradients to the master weights``)."""
+        removed (``# ... copies the gradients to the master weights``), and so do the comment lines
+        right above it."""
         from ampfix.engine.noqa import comment_of
+        from ampfix.engine.tidy import comments_above
 
+        top = self.b.first_line(stmt)
+        first = comments_above(self.src, top)
+        if first is not None and any(w in self.src.line_text(n).lower() for n in range(first, top) for w in words):
+            # ... and the comment lines right above it, when they do
+            self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[top - 1], ""))
         no = stmt.end_lineno
         line = self.src.line_text(no)
         comment = comment_of(line, False)
