@@ -44,6 +44,11 @@ from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, SCALER_KINDS, Seed, 
 
 
 
+#: why a use that no amp.initialize reaches is left as it is
+NO_HOME = ("amp.initialize is not called in the project on the way here, so the scaler has no home (run ampfix on "
+           "the files that initialize apex too)")
+
+
 def _guards_only(u: Use, s: Seed) -> bool:
     """``if amp:`` / ``if amp is not None:`` whose whole body is the seed's initialize."""
     node = u.node
@@ -207,8 +212,7 @@ class AmpPlanner:
                 g = orphans.get(key)
                 if g is None:
                     g = orphans[key] = Group(f"apex.amp:{key}:orphan", "apex.amp")
-                    g.refusal = ("amp.initialize is not called in the project on the way here, so the scaler has no "
-                                 "home (run ampfix on the files that initialize apex too)")
+                    g.refusal = NO_HOME
                     g.seeds, g.needs = [], []
                 g.add_use(u.module.path, u.node)
                 continue
@@ -236,32 +240,32 @@ class AmpPlanner:
             if bad:
                 g.refusal = bad[0]
                 continue
-            try:
-                GroupPlan(self, g, solver).plan()
-            except Refuse as exc:
-                g.refusal = str(exc)
-            except Exception as exc:  # a planner bug: this group is left whole, the others go on
-                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
-        for g in entries.values():
-            if _path_refused(orphans, g):
-                g.refusal = orphans[next(iter(g.uses))].refusal
-                continue
-            if not any(u.kind == "scale_loss" for u, _ in g.needs):
+            self._plan(g, solver)
+        for path, g in entries.items():
+            orphan = orphans.get(path)
+            if orphan is not None and orphan.refusal and not getattr(orphan, "checks_only", False):
+                # the module's other apex uses are refused: half of its apex code migrated would
+                # mix the two in one file
+                g.refusal = orphan.refusal
+            elif not any(u.kind == "scale_loss" for u, _ in g.needs):
                 # a checkpoint helper that only saves apex's state trains nothing: a scaler
                 # parameter there would be one more thing its callers (a runner) must find
-                g.refusal = ("amp.initialize is not called in the project on the way here, so the scaler has no "
-                             "home (run ampfix on the files that initialize apex too)")
-                continue
-            try:
-                GroupPlan(self, g, solver).plan()
-            except Refuse as exc:
-                g.refusal = str(exc)
-            except Exception as exc:  # a planner bug: this group is left whole, the others go on
-                g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+                g.refusal = NO_HOME
+            else:
+                self._plan(g, solver)
         groups.extend(by_root.values())
         groups.extend(entries.values())
         groups.extend(orphans.values())
         return groups
+
+    def _plan(self, g: Group, solver: Solver) -> None:
+        """Plans ``g``; what stops it becomes its refusal."""
+        try:
+            GroupPlan(self, g, solver).plan()
+        except Refuse as exc:
+            g.refusal = str(exc)
+        except Exception as exc:  # a planner bug: this group is left whole, the others go on
+            g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
 
     def _export(self, seeds: List["Seed"], uses: List[Use], bad: Dict[int, str]) -> List["Seed"]:
         """A function that only initializes and returns the model and optimizer (``setup()``):
@@ -466,8 +470,7 @@ class AmpPlanner:
         if u.kind in SCALER_KINDS and why:
             return why
         if u.kind in SCALER_KINDS:
-            return ("amp.initialize is not called in the project on the way here, so the scaler has no home "
-                    "(run ampfix on the files that initialize apex too)")
+            return NO_HOME
         return f"apex.amp.{u.kind or '<module>'} has no automatic rewrite"
 
     def _scaler_name(self) -> str:
@@ -761,13 +764,6 @@ def _library_entry(c: Optional[Carrier]) -> bool:
     f = getattr(c, "entry", None)
     return c is not None and c.kind == "param" and not c.seeds and f is not None and f.cls is None and \
         f.outer is None
-
-
-def _path_refused(orphans: Dict[str, Group], g: Group) -> bool:
-    """A module whose other apex uses are refused (an orphan group there) keeps its entry
-    function's too: half of a module's apex code migrated would mix the two in one file."""
-    return any(path in orphans and orphans[path].refusal and not getattr(orphans[path], "checks_only", False)
-               for path in g.uses)
 
 
 def _shared_folders(a: str, b: str) -> int:

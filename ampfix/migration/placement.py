@@ -184,7 +184,7 @@ class CarrierRewrites:
                 self._add_param(entry)
                 what = entry.cls.name if entry.node.name == "__init__" and entry.cls is not None else entry.qualname
                 made = self._made_as(entry)
-                carried = "the autocast switch" if getattr(self, "bf16", False) else "the GradScaler"
+                carried = "the autocast switch" if self.bf16 else "the GradScaler"
                 self.notes.add(f"`{what}` is not called in the project: it now takes {carried} as `{self.name}=`"
                                + (f"; its callers pass {made}" if made else ""))
             for cs in c.sites:
@@ -215,7 +215,7 @@ class CarrierRewrites:
         for u, _ in self.g.needs:
             if u.kind != "scale_loss" or u.func is not entry:
                 continue
-            st = getattr(getattr(u.node, "_p", None), "_p", None)  # the call, its withitem, the with
+            st = u.node
             while st is not None and not isinstance(st, ast.With):
                 st = getattr(st, "_p", None)
             gd = getattr(st, "_p", None)
@@ -224,9 +224,10 @@ class CarrierRewrites:
             tests.add(entry.module.src.code(gd.test))
         if len(tests) != 1:
             return ""
-        if getattr(self, "bf16", False):
-            return f"`{self.name}={next(iter(tests))}`"
-        return f"`{self.name}={scaler_call(self.s, ['enabled=' + next(iter(tests))], one_line=True)}`"
+        test = tests.pop()
+        if self.bf16:
+            return f"`{self.name}={test}`"
+        return f"`{self.name}={scaler_call(self.s, ['enabled=' + test], one_line=True)}`"
 
     def _keep_in_init(self, init) -> None:
         """``self.scaler = scaler`` first in __init__ (after ``super().__init__(...)``), so that
