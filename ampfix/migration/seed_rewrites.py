@@ -206,7 +206,8 @@ class SeedRewrites:
                 raise Refuse(f"amp.initialize argument {k!r} has no native mapping")
         return enabled, notes, scaler_args, pure
 
-    def _hoist(self, s: Seed, enabled: str, reads: Set[str], lazy_ok: bool = False, in_place: bool = False):
+    def _hoist(self, s: Seed, enabled: str, reads: Set[str], lazy_ok: bool = False, in_place: bool = False,
+               read_after: bool = False):
         """Where the scaler (or nothing) replaces the seed: (statement to put it before, enabled).
 
         The seed's ``if`` guards (no ``else`` needed) fold into ``enabled``; a guard whose ``else``
@@ -214,7 +215,13 @@ class SeedRewrites:
         straight code does.  Any other enclosing control flow refuses: the scaler must exist
         wherever the step runs.  A lazy guard (``if self.optimizer is None:`` around the code that
         sets ``self.optimizer``) runs once in a method called many times: the scaler stays inside
-        it when ``lazy_ok`` (an attribute that ``__init__`` makes disabled first), else refuses."""
+        it when ``lazy_ok`` (an attribute that ``__init__`` makes disabled first), else refuses.
+
+        ``read_after``: the condition is read only after the seed (autocast around what runs the
+        model next), so a name the guard sets before the seed (``if args.amp: level = ...;
+        initialize(model, opt_level=level)``) may stay where it is, when nothing else binds it:
+        the guard's test comes first in the condition, and ``and`` reads the name only where the
+        guard held and set it."""
         stmt = s.stmt
         unit = s.unit
         # a script's `if __name__ == "__main__":` is its main body, not a condition of AMP's
@@ -297,11 +304,29 @@ class SeedRewrites:
                 owner, field, block = block_of(a)
                 before = block[:next(i for i, x in enumerate(block) if x is a)]
                 hit = sorted(assigned_in(before) & reads)
+                if hit and read_after and self._set_once_under(hit, top, around, unit):
+                    continue
                 if hit:
                     raise SetInside(f"line {stmt.lineno}: `{', '.join(hit)}` is set inside the `{type(top).__name__.lower()}`"
                                  f" at line {top.lineno}, before it; make the scaler by hand")
         cond = fold_conditions(s.module, around, folded, negated, enabled)
         return top, cond
+
+    @staticmethod
+    def _set_once_under(names: List[str], top, around, unit) -> bool:
+        """Each name is bound in ``unit`` only inside ``top``, the outermost of the ``if`` guards
+        ``around`` the seed (so a condition that tests the guards first reads it only where the
+        guard held and bound it)."""
+        if not around or not all(isinstance(a, ast.If) for a in around):
+            return False
+        inside = {id(n) for n in walk(top)}
+        for n in walk(unit):
+            if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, (ast.Store, ast.Del)) \
+                    and id(n) not in inside:
+                return False
+            if isinstance(n, ast.arg) and n.arg in names:
+                return False
+        return True
 
     def _optimizer_home(self, s: Seed):
         """The statement holding the seed in the block that makes its optimizer, when that block
@@ -821,7 +846,8 @@ class SeedRewrites:
             except Refuse:
                 pass
             return
-        at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call), in_place=moved)
+        at, cond = self._hoist(s, enabled, set() if moved else option_reads(s.call), in_place=moved,
+                               read_after=True)
         if not moved:
             after = self._reassign(s)
             if after:
@@ -933,8 +959,6 @@ class SeedRewrites:
         owner, field, block = block_of(at)
         idx = next(i for i, x in enumerate(block) if x is at)
         rest = [j for j in range(idx + 1, len(block)) if not isinstance(block[j], (ast.Return, *DEFS))]
-        while rest and rest[-1] != len(block) - 1 and False:
-            rest.pop()
         if not rest:
             raise Refuse(f"nothing runs after amp.init at line {s.use.line}")
         start, end = rest[0], rest[-1]
