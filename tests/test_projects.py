@@ -27,6 +27,8 @@ ENTRIES = {
     "library_entry": [["../drive.py", "--use-amp", "--epochs", "2"], ["../drive.py", "--epochs", "2"]],
     # FP16_Optimizer made in main.py, its backward and step in engine.py's train()
     "fp16_engine": [["main.py", "--steps", "16"], ["main.py", "--steps", "16", "--fp16"]],
+    # a schedule class owns the optimizer apex initialized: its method steps it
+    "optim_wrapper": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

@@ -37,6 +37,7 @@ from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
 from ampfix.migration.use_rewrites import UseRewrites
+from ampfix.migration.wrappers import WrapperSteps
 from ampfix.migration.switches import SwitchSeed, built_by_configuration, find_switches, handed_to_framework
 
 from ampfix.migration.rewriter import Rewriter, param_of, returned_names
@@ -608,7 +609,7 @@ class AmpPlanner:
 
 
 
-class GroupPlan(SeedRewrites, UseRewrites, CarrierRewrites, EvaluationRewrites, Rewriter):
+class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, EvaluationRewrites, Rewriter):
     """Plans one group: its seeds, and every use its scaler must reach."""
 
     @property

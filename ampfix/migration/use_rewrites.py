@@ -376,7 +376,8 @@ class UseRewrites:
             converted = [s for s in steps if follows(stmt_of(s), backs, unit)]
             self.steps_of[key] = converted
             if not converted:
-                self._steps_elsewhere(u, c, names)
+                if not self._steps_through_wrapper(u, c, names, unit, backs, key):
+                    self._steps_elsewhere(u, c, names)
                 continue
             fc = self.fc(u.module)
             self._step_through(u.module, converted, c.expr)
@@ -442,12 +443,13 @@ class UseRewrites:
             out.add(dotted(copies[0].value))
         return out
 
-    def _unscale_for_gradient_reads(self, u: Use, c: Carrier, unit, backs, steps) -> None:
+    def _unscale_for_gradient_reads(self, u: Use, c: Carrier, unit, backs, steps, opt: Optional[str] = None) -> None:
         """apex unscaled the gradients when ``scale_loss`` exited: code between the backward and
         the step that reads them (a clip of the model's parameters, a gradient norm logged) read
         true gradients.  ``scaler.unscale_(opt)`` right after the backward keeps that, where the
         step runs on every iteration the backward does (no accumulation: unscale_ may run once
-        per step).  A clip of ``amp.master_params`` is left to its own rewrite."""
+        per step).  A clip of ``amp.master_params`` is left to its own rewrite.  ``opt``: the
+        optimizer, where the steps are calls of a wrapper's method that steps it."""
         m = u.module
         for site in backs:
             owner, field, block = block_of(site)
@@ -464,7 +466,7 @@ class UseRewrites:
                     continue
                 if any("master_params" in m.src.code(x) for x in between):
                     continue
-                o = m.src.code(receiver(s))
+                o = opt or m.src.code(receiver(s))
                 if any(mm is m and oo == o and dominates(prev, block[i + 1]) for mm, oo, prev in self.unscaled):
                     continue
                 self.unscaled.append((m, o, site))
