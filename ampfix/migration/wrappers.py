@@ -144,8 +144,9 @@ class WrapperSteps:
                              "step by hand")
         for mod in list(self.p.modules.values()):
             for n in walk(mod.tree, into_functions=True):
-                if n is call or any(n is x for x in inner) or not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                                     and n.func.attr == name):
+                if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name):
+                    continue
+                if n is call or any(n is x for x in inner):
                     continue
                 g, _ = self.p.resolve(mod, n.func)
                 if g is f:
