@@ -152,3 +152,13 @@ def test_inference_option_bound_again_later_stays_refused(tmp_path):
     out = run(tmp_path, "--write")
     assert "is set inside the `if`" in out.output, out.output
     assert (tmp_path / "infer.py").read_text() == again
+
+
+def test_inference_option_set_again_under_the_guard_after_initialize_stays_refused(tmp_path):
+    later = INFER.replace("        model = amp.initialize(model, opt_level=level)\n",
+                          "        model = amp.initialize(model, opt_level=level)\n        level = None\n")
+    assert later != INFER
+    write(tmp_path, {"infer.py": later})
+    out = run(tmp_path, "--write")
+    assert "is set inside the `if`" in out.output, out.output
+    assert (tmp_path / "infer.py").read_text() == later

@@ -304,7 +304,7 @@ class SeedRewrites:
                 owner, field, block = block_of(a)
                 before = block[:next(i for i, x in enumerate(block) if x is a)]
                 hit = sorted(assigned_in(before) & reads)
-                if hit and read_after and self._set_once_under(hit, top, around, unit):
+                if hit and read_after and self._set_once_under(hit, top, around, unit, stmt):
                     continue
                 if hit:
                     raise SetInside(f"line {stmt.lineno}: `{', '.join(hit)}` is set inside the `{type(top).__name__.lower()}`"
@@ -313,16 +313,16 @@ class SeedRewrites:
         return top, cond
 
     @staticmethod
-    def _set_once_under(names: List[str], top, around, unit) -> bool:
+    def _set_once_under(names: List[str], top, around, unit, stmt) -> bool:
         """Each name is bound in ``unit`` only inside ``top``, the outermost of the ``if`` guards
-        ``around`` the seed (so a condition that tests the guards first reads it only where the
-        guard held and bound it)."""
+        ``around`` the seed ``stmt``, and before it (so a condition that tests the guards first
+        reads it only where the guard held and bound it, with the value apex was given)."""
         if not around or not all(isinstance(a, ast.If) for a in around):
             return False
         inside = {id(n) for n in walk(top)}
         for n in walk(unit):
             if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, (ast.Store, ast.Del)) \
-                    and id(n) not in inside:
+                    and (id(n) not in inside or (n.lineno, n.col_offset) > (stmt.lineno, stmt.col_offset)):
                 return False
             if isinstance(n, ast.arg) and n.arg in names:
                 return False
