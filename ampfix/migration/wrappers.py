@@ -56,7 +56,7 @@ class WrapperSteps:
         if not found:
             return False
         why = f"the step of `{found[0][1]}.{found[0][2]}` runs in `{found[0][3].qualname}`"
-        if len({id(f.node) for _, _, _, f, _ in found}) != 1 or len(found) != 1:
+        if len(found) != 1:
             raise Refuse(f"{why}, called more than once after the scaled backward: migrate the step by hand")
         call, base, attr, f, steps = found[0]
         if len(steps) != 1 or steps[0].args or steps[0].keywords:
@@ -71,7 +71,6 @@ class WrapperSteps:
         self._only_caller(f, call, steps, why)
         # the wrapper's own reads of the gradients before the step (a clip) were of true gradients:
         # apex had unscaled them when scale_loss exited; a read at the call site too would unscale twice
-        here = SimpleNamespace(module=f.module)
         reads = [x for x in walk(f.node) if isinstance(x, ast.stmt) and x is not stmt_of(steps[0])
                  and self._reads_gradients(x) and follows(stmt_of(steps[0]), [x], f.node)]
         between = [x for x in walk(unit) if isinstance(x, ast.stmt) and follows(x, backs, unit)
@@ -85,7 +84,7 @@ class WrapperSteps:
         self._step_through(f.module, steps, NAME)
         for _, anchor in self._update_anchors(steps, f.node):
             fc.insert_after(anchor, [f"{NAME}.update()"])
-        self._unscale_at_the_step(here, SimpleNamespace(expr=NAME), f.node, [], steps)
+        self._unscale_at_the_step(SimpleNamespace(module=f.module), SimpleNamespace(expr=NAME), f.node, [], steps)
         # at the call site, a gradient read between the backward and the call: unscaled first
         self._unscale_for_gradient_reads(u, c, unit, backs, [call], opt=f"{base}.{attr}")
         self.steps_of[key] = [call]
