@@ -29,6 +29,7 @@ ENTRIES = {
     "fp16_engine": [["main.py", "--steps", "16"], ["main.py", "--steps", "16", "--fp16"]],
     # a schedule class owns the optimizer apex initialized: its method steps it
     "optim_wrapper": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    "fp16_trainer_class": [["main.py", "--epochs", "2"], ["main.py", "--epochs", "2", "--fp16", "--accum", "2"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

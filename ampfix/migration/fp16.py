@@ -33,6 +33,7 @@ from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.migration.flow import follows, forward_region, guards, stmt_of
+from ampfix.migration.fp16_holders import Holder, holder_of, instance_reads, name_in
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, description, scaler_call
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
@@ -108,6 +109,9 @@ class Fp16Plan(Rewriter):
         self.removed: Set[int] = set()
         self._half_before: Dict[int, tuple] = {}
         self.callees: Dict[int, Tuple[object, str]] = {}
+        #: classes the optimizer is handed to, which keep it on self: {id(ClassDef): Holder}
+        self.holders: Dict[int, Holder] = {}
+        self.backward_calls: List[ast.Call] = []
 
     def _mod(self, node):
         """The module a node of this plan is in: the FP16_Optimizer's, or one it is handed into."""
@@ -123,6 +127,7 @@ class Fp16Plan(Rewriter):
         out = [(self.m, self.m.tree)]
         if self.func is None:
             return out
+        out += [(h.module, h.cls) for h in self.holders.values() if h.module is not self.m]
         seen = set()
         for n in walk(self.unit):
             if not isinstance(n, ast.Call):
@@ -183,8 +188,14 @@ class Fp16Plan(Rewriter):
         # the fp16 path: where the scaler goes, what the guard's else keeps
         enabled = self._place(calls, stmts, anchor, scaler_args)
         self.enabled = enabled
+        for h in self.holders.values():
+            flags = {name_in(h, cs.node, self.enabled_source) for cs in self.p.callers(h.init)}
+            h.flag = flags.pop() if len(flags) == 1 else None
         # the model stays float32, its inputs too
         self.models = self._unhalf_models(convs)
+        for h in self.holders.values():
+            sites = self.p.callers(h.init)
+            h.models = {x for x in (name_in(h, cs.node, m) for cs in sites for m in self.models) if x}
         # every use of the optimizer
         self._uses_of_opt(calls)
         self._hand_scaler()
@@ -221,7 +232,8 @@ class Fp16Plan(Rewriter):
                 raise Refuse(f"`{f.qualname}` receives `{self.opt}` as different parameters: pass the scaler by hand")
             out[id(f.node)] = (f, params[0])
         for f, param in out.values():
-            if f.is_method or f.outer is not None or f.cls is not None:
+            ctor = f.node.name == "__init__" and f.cls is not None and f.outer is None
+            if not ctor and (f.is_method or f.outer is not None or f.cls is not None):
                 raise Refuse(f"`{self.opt}` is handed to `{f.qualname}`, which is not a plain function of the "
                              "module: pass the scaler there by hand")
             refs = self.p.references(f)
@@ -239,6 +251,17 @@ class Fp16Plan(Rewriter):
                     where = cs.caller.qualname if cs.caller else "module level"
                     raise Refuse(f"`{f.qualname}` is also called from `{where}` ({cs.module.path} line "
                                  f"{cs.node.lineno}) without this FP16_Optimizer: pass the scaler there by hand")
+            if ctor:
+                # a class keeps it on self (a trainer): the scaler goes beside it
+                names = (("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if bf16(self.s) else
+                         ("scaler", "grad_scaler", "amp_scaler"))
+                h = holder_of(self.p, f, param, {self.scaler}, names)
+                reads = instance_reads(self.p, h, self.p.callers(f))
+                if reads:
+                    raise Refuse(f"`{self.code(reads[0])}` (line {reads[0].lineno}) reads the optimizer around "
+                                 f"`{f.cls.name}`: pass the scaler there by hand")
+                self.holders[id(f.cls)] = h
+                continue
             if self.scaler in f.positional or self.scaler in f.kwonly or any(
                     isinstance(x, ast.Name) and x.id == self.scaler for x in walk(f.node)):
                 raise Refuse(f"`{f.qualname}` already has a `{self.scaler}`: pass the scaler there by hand")
@@ -270,6 +293,12 @@ class Fp16Plan(Rewriter):
                 cfc = self.fc(cs.module)
                 cfc.edits.append(cfc.b.insert_arg(cs.node, f"{self.scaler}={self.scaler}"))
             what = "whether AMP is on" if bf16(self.s) else "the GradScaler"
+            h = self.holders.get(id(f.cls)) if f.cls is not None else None
+            if h is not None and h.init is f:
+                fc.insert_after(h.store, [f"self.{h.scaler} = {self.scaler}"])
+                self.notes.add(f"`{f.cls.name}` is handed the optimizer and keeps it: it takes {what} too, as "
+                               f"`{self.scaler}=`, and keeps it as `self.{h.scaler}` for its methods")
+                continue
             self.notes.add(f"`{f.qualname}` receives the optimizer: it takes {what} too, as `{self.scaler}=`")
 
     def _scaler_name(self) -> str:
@@ -532,7 +561,8 @@ class Fp16Plan(Rewriter):
                         continue
                     st = stmt_of(n)
                     f = m.function_of(n)
-                    gds = [gd for gd in guards(st, f.node if f is not None else m.tree) if self.code(gd.test) == flag]
+                    gds = [gd for gd in guards(st, f.node if f is not None else m.tree)
+                           if self.code(gd.test) in self._flags_at(n)]
                     if gds:
                         self._unwrap(n)
                         if f is not None and f is not self.func and id(f.node) not in self.callees:
@@ -542,10 +572,14 @@ class Fp16Plan(Rewriter):
     def _evaluation_regions(self) -> None:
         """A function that fed the float16 model float16 inputs under the flag (evaluation, mostly)
         ran it in half precision: its calls of the model run under autocast, enabled by that flag."""
+        trained = {id(self._mod(c).function_of(c).node) for c in self.backward_calls
+                   if self._mod(c).function_of(c) is not None}
         for f, gd in self._half_before.values():
+            if id(f.node) in trained:
+                continue  # its forward pass is the training one, under the scaler's autocast
             header = autocast_call(self.s, as_bool(self.code(gd.test), gd.test))
             for n in walk(f.node):
-                if not (isinstance(n, ast.Call) and dotted(n.func) in self.models):
+                if not (isinstance(n, ast.Call) and dotted(n.func) in self._models_at(n)):
                     continue
                 st = stmt_of(n)
                 if self._under_autocast(st) or any(method_call(x, "backward") for x in walk(st)):
@@ -554,6 +588,25 @@ class Fp16Plan(Rewriter):
                 i = next(k for k, x in enumerate(block) if x is st)
                 self._add_region(f.module, block, i, i, header)
                 self.notes.add(f"`{f.qualname}` ran the float16 model: its forward runs under autocast")
+
+    def _holder_at(self, node) -> Optional[Holder]:
+        """The class that keeps the optimizer, where ``node`` is in one of its methods."""
+        return next((h for h in self.holders.values() if h.module is self._mod(node) and h.method_of(node)), None)
+
+    def _flags_at(self, node) -> Set[str]:
+        """The fp16 flag as the code at ``node`` reads it."""
+        h = self._holder_at(node)
+        return {x for x in (self.enabled_source, getattr(h, "flag", None) if h else None) if x}
+
+    def _models_at(self, node) -> Set[str]:
+        """The model names as the code at ``node`` reads them (``self.model`` in a holder)."""
+        h = self._holder_at(node)
+        return self.models | (getattr(h, "models", set()) if h is not None else set())
+
+    def _scaler_at(self, node) -> str:
+        """The scaler (or, with bfloat16, the switch) as the code at ``node`` reaches it."""
+        h = self._holder_at(node)
+        return "self." + h.scaler if h is not None else self.scaler
 
     def _flag(self) -> Optional[str]:
         """The test of the ``if`` that guards the FP16_Optimizer (``args.fp16``), if any."""
@@ -596,12 +649,16 @@ class Fp16Plan(Rewriter):
         #: the name the optimizer has where each use is (a parameter in the functions it is handed to)
         self.opt_at: Dict[int, str] = {}
         given = {p for _, p in self.callees.values()}
+        held = {h.opt for h in self.holders.values()}
         units = [(self.m, self.m.tree)] + [(f.module, f.node) for f, _ in self.callees.values() if f.module is not self.m]
+        units += [(h.module, h.cls) for h in self.holders.values() if h.module is not self.m]
+        seen: Set[int] = set()
         for n in (x for _, unit in units for x in walk(unit, into_functions=True)):
-            if not isinstance(n, (ast.Name, ast.Attribute)) or id(n) in in_ctor:
+            if not isinstance(n, (ast.Name, ast.Attribute)) or id(n) in in_ctor or id(n) in seen:
                 continue
+            seen.add(id(n))
             d = dotted(n)
-            if d != opt and d not in given:
+            if d != opt and d not in given and d not in held:
                 continue
             if not isinstance(n.ctx, ast.Load):
                 continue
@@ -609,7 +666,12 @@ class Fp16Plan(Rewriter):
                 continue
             f = self._mod(n).function_of(n)
             callee = self.callees.get(id(f.node)) if f is not None else None
-            if callee is not None and d == callee[1]:
+            holder = self._holder_at(n) if d in held else None
+            if holder is not None and d == holder.opt:
+                self.opt_at[id(n)] = d
+            elif d in held and d != opt:
+                continue
+            elif callee is not None and d == callee[1]:
                 self.opt_at[id(n)] = d
             elif d != opt:
                 continue
@@ -649,6 +711,7 @@ class Fp16Plan(Rewriter):
                     raise Refuse(f"`{opt}.{attr}` at line {n.lineno} is not used as FP16_Optimizer's")
         if not backwards:
             raise Refuse(f"`{opt}.backward(loss)` is not in this module nor in a function it hands `{opt}` to")
+        self.backward_calls = backwards
         scaler = self.scaler
         sites = []
         for call in backwards:
@@ -672,15 +735,16 @@ class Fp16Plan(Rewriter):
                 lc = f"({lc})" if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.NamedExpr)) else lc
                 fc.replace(call, f"{lc}.backward({', '.join(extra)})")
             else:
-                fc.replace(call, f"{scaler}.scale({self.code(loss)}).backward({', '.join(extra)})")
+                fc.replace(call, f"{self._scaler_at(call)}.scale({self.code(loss)}).backward({', '.join(extra)})")
             fc.drop_stale_comment(st, ("master", "fp16_optimizer"))
             site = self._collapse_twin(st, loss)
             sites.append(site)
             unit = m.function_of(call)
             unit = unit.node if unit is not None else m.tree
+            at = self._scaler_at(call)
             header = autocast_call(self.s, self.enabled if (m.function_of(call) is self.func) else
-                                   (scaler if bf16(self.s) else f"{scaler}.is_enabled()"))
-            region, missing = forward_region(site, loss, unit, [], self.models)
+                                   (at if bf16(self.s) else f"{at}.is_enabled()"))
+            region, missing = forward_region(site, loss, unit, [], self._models_at(call))
             if region is None:
                 raise Refuse(f"the loss `{self.code(loss)}` is not computed before `{self.code(call)}` (line "
                              f"{call.lineno}): wrap its forward pass in autocast by hand")
@@ -699,7 +763,7 @@ class Fp16Plan(Rewriter):
         if bf16(self.s):
             conv = []  # no scaler: the optimizer steps itself
         for s in conv:
-            self.fc(self._mod(s)).replace(s, f"{scaler}.step({self._opt_of(s)})")
+            self.fc(self._mod(s)).replace(s, f"{self._scaler_at(s)}.step({self._opt_of(s)})")
         last_in: Dict[int, ast.Call] = {}
         for s in conv:
             f = self._mod(s).function_of(s)
@@ -707,7 +771,7 @@ class Fp16Plan(Rewriter):
             if k not in last_in or (s.lineno, s.col_offset) > (last_in[k].lineno, last_in[k].col_offset):
                 last_in[k] = s
         for last in last_in.values():
-            self.fc(self._mod(last)).insert_after(stmt_of(last), [f"{scaler}.update()"])
+            self.fc(self._mod(last)).insert_after(stmt_of(last), [f"{self._scaler_at(last)}.update()"])
         for call in clips:
             st = stmt_of(call)
             if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
@@ -719,7 +783,7 @@ class Fp16Plan(Rewriter):
             fc = self.fc(self._mod(call))
             fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
             if not bf16(self.s):
-                fc.insert_before(st, [f"{scaler}.unscale_({o})"])
+                fc.insert_before(st, [f"{self._scaler_at(call)}.unscale_({o})"])
             self._collapse_clip(st)
         for call in updates:
             st = stmt_of(call)
@@ -736,7 +800,7 @@ class Fp16Plan(Rewriter):
         for node in scales:
             if bf16(self.s):
                 raise Refuse(f"`{self.opt}.loss_scale` at line {node.lineno}: bfloat16 has no loss scale")
-            self.fc(self._mod(node)).replace(node, f"{scaler}.get_scale()")
+            self.fc(self._mod(node)).replace(node, f"{self._scaler_at(node)}.get_scale()")
         for node in inners:
             self.fc(self._mod(node)).replace(node, self.opt_at[id(node.value)])
         self._fp16_only_warmup()
@@ -766,10 +830,9 @@ class Fp16Plan(Rewriter):
                 self.fc(self.m).remove(st)
             self.notes.add(f"`{name}`, which only that warm-up read, goes too")
 
-    def _helpers_go(self, block) -> None:
+    def _helpers_go(self, block, m) -> None:
         """A module-level function that only the removed warm-up called (``warmup_linear``) goes
         too, when nothing else in the project names it."""
-        m = self.m
         called = {n.func.id for n in walk(block) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         inside = {id(n) for n in walk(block)}
         for name in sorted(called):
@@ -827,21 +890,31 @@ class Fp16Plan(Rewriter):
                          f"{self.fp32_optimizer[scheduled.index(True)].lineno} and without one at line "
                          f"{self.fp32_optimizer[scheduled.index(False)].lineno}: whether the fp16 path's own warm-up "
                          "must stay differs between them; migrate it by hand")
-        for n in walk(self.unit):
-            if not (isinstance(n, ast.If) and self.code(n.test) == flag):
+        # where the warm-up may be: the maker, the functions handed the optimizer, the classes that keep it
+        units = [(self.m, self.unit, {flag}, self.opt)]
+        units += [(f.module, f.node, {flag}, param) for f, param in self.callees.values()
+                  if id(f.cls) not in self.holders]
+        units += [(h.module, h.cls, {flag, h.flag} - {None}, h.opt) for h in self.holders.values()]
+        for m, unit, flags, opt in units:
+            self._warmup_in(m, unit, flags, opt)
+
+    def _warmup_in(self, m, unit, flags: Set[str], opt: str) -> None:
+        for n in walk(unit, into_functions=unit is not self.unit):
+            if not (isinstance(n, ast.If) and m.src.code(n.test) in flags):
                 continue
             writes = [x for x in walk(n) if isinstance(x, ast.Subscript) and isinstance(x.ctx, ast.Store)
                       and string_value(x.slice) == "lr"]
             if not writes:
                 continue
-            loops = [x for x in n.body if isinstance(x, ast.For) and dotted(x.iter) == f"{self.opt}.param_groups"]
+            loops = [x for x in n.body if isinstance(x, ast.For) and dotted(x.iter) == f"{opt}.param_groups"]
             others = [x for x in n.body if not isinstance(x, (ast.For, ast.Assign))]
             if loops and not others and not n.orelse:
-                self.fc(self.m).remove(n, obsolete=True)
+                self.fc(m).remove(n, obsolete=True)
                 self.notes.add("the warm-up the fp16 path wrote into param_groups goes: the optimizer both paths "
                                "use now schedules itself")
-                self._helpers_go(n)
-                self._counters_go(n)
+                self._helpers_go(n, m)
+                if unit is self.unit:
+                    self._counters_go(n)
                 continue
             # a warm-up the plan cannot take out would run on top of the kept optimizer's own
             raise Refuse(f"the fp16 path sets the learning rate at line {writes[0].lineno} and the fp32 optimizer "
