@@ -95,7 +95,8 @@ def test_trainer_class_takes_and_keeps_the_scaler(tmp_path):
 def test_warmup_in_the_class_goes_when_the_kept_optimizer_schedules(tmp_path):
     scheduled = MAIN.replace("torch.optim.AdamW(model.parameters(), lr=args.lr)",
                              "BertAdam(model.parameters(), lr=args.lr, warmup=0.1, t_total=100)")
-    scheduled = scheduled.replace("from trainer import Trainer\n", "from trainer import Trainer\nfrom sched import BertAdam\n")
+    scheduled = scheduled.replace("from trainer import Trainer\n",
+                                  "from trainer import Trainer\nfrom sched import BertAdam\n")
     write(tmp_path, {"trainer.py": TRAINER, "main.py": scheduled})
     out = run(tmp_path, "--write", "-q")
     assert out.exit_code == 0, out.output
@@ -128,7 +129,8 @@ def refused(tmp_path, files, *needles):
 def test_a_subclass_refuses(tmp_path):
     sub = "from trainer import Trainer\n\n\nclass Fancy(Trainer):\n    def fit(self, loader):\n" \
           "        self.optimizer.backward(loader)\n"
-    refused(tmp_path, {"trainer.py": TRAINER, "main.py": MAIN, "fancy.py": sub}, "`Trainer.__init__` is used other than by a call")
+    refused(tmp_path, {"trainer.py": TRAINER, "main.py": MAIN, "fancy.py": sub},
+            "`Trainer.__init__` is used other than by a call")
 
 
 def test_the_optimizer_read_around_the_class_refuses(tmp_path):

@@ -81,7 +81,8 @@ class Fp16Planner:
             if "apex" not in m.src.text or "FP16" not in m.src.text and "half" not in m.src.text:
                 continue
             skip = getattr(self.p, "skip", set())
-            uses = [(n, q) for n, q in apex_uses(m.sem, m.tree) if id(n) not in skip and (q in CTORS or q in CONVERTERS or (q.startswith("apex.fp16_utils") and q not in STANDALONE))]
+            uses = [(n, q) for n, q in apex_uses(m.sem, m.tree) if id(n) not in skip and (
+                q in CTORS or q in CONVERTERS or (q.startswith("apex.fp16_utils") and q not in STANDALONE))]
             if not any(q in CTORS or q in CONVERTERS for _, q in uses):
                 continue
             g = Group(f"fp16:{m.path}", "fp16")
@@ -650,7 +651,8 @@ class Fp16Plan(Rewriter):
         self.opt_at: Dict[int, str] = {}
         given = {p for _, p in self.callees.values()}
         held = {h.opt for h in self.holders.values()}
-        units = [(self.m, self.m.tree)] + [(f.module, f.node) for f, _ in self.callees.values() if f.module is not self.m]
+        units = [(self.m, self.m.tree)]
+        units += [(f.module, f.node) for f, _ in self.callees.values() if f.module is not self.m]
         units += [(h.module, h.cls) for h in self.holders.values() if h.module is not self.m]
         seen: Set[int] = set()
         for n in (x for _, unit in units for x in walk(unit, into_functions=True)):
@@ -712,7 +714,6 @@ class Fp16Plan(Rewriter):
         if not backwards:
             raise Refuse(f"`{opt}.backward(loss)` is not in this module nor in a function it hands `{opt}` to")
         self.backward_calls = backwards
-        scaler = self.scaler
         sites = []
         for call in backwards:
             m = self._mod(call)

@@ -69,7 +69,8 @@ def holder_of(project, init, param: str, taken: Set[str], names=("scaler", "grad
         if isinstance(n, ast.Attribute):
             attrs.add(n.attr)
             if n.attr == attr and not isinstance(n.ctx, ast.Load) and getattr(n, "_p", None) is not store:
-                raise Refuse(f"`self.{attr}` is set again at line {n.lineno} of `{name}`: pass the scaler there by hand")
+                raise Refuse(f"`self.{attr}` is set again at line {n.lineno} of `{name}`: pass the scaler there "
+                             "by hand")
     for other in list(project.modules.values()):
         for n in walk(other.tree, into_functions=True):
             if isinstance(n, ast.ClassDef) and any((dotted(b) or "").split(".")[-1] == name for b in n.bases):
