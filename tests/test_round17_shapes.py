@@ -151,3 +151,12 @@ def test_a_class_made_elsewhere_without_the_optimizer_refuses(tmp_path):
             "    return Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), args)\n"
     refused(tmp_path, {"trainer.py": TRAINER, "main.py": MAIN, "other.py": other},
             "is also called from `plain`")
+
+
+def test_a_step_in_another_method_refuses(tmp_path):
+    # the plain optimizer would step on the scaled gradients FP16_Optimizer used to unscale
+    split = TRAINER.replace("            self.optimizer.step()\n            self.optimizer.zero_grad()\n",
+                            "            self.update()\n") + \
+        "\n    def update(self):\n        self.optimizer.step()\n        self.optimizer.zero_grad()\n"
+    assert split != TRAINER + "\n"
+    refused(tmp_path, {"trainer.py": split, "main.py": MAIN}, "does not follow the scaled backward")

@@ -760,9 +760,18 @@ class Fp16Plan(Rewriter):
             f = self._mod(node).function_of(node)
             return f.node if f is not None else self._mod(node).tree
 
-        conv = [s for s in steps if follows(stmt_of(s), sites, unit_of(s))]
+        # a step converts where it follows a scaled backward in the same function
+        conv = [s for s in steps if follows(stmt_of(s), [x for x in sites if unit_of(x) is unit_of(s)], unit_of(s))]
         if bf16(self.s):
             conv = []  # no scaler: the optimizer steps itself
+        else:
+            stray = [s for s in steps if s not in conv]
+            if stray:
+                # FP16_Optimizer's step unscaled the master gradients; the plain optimizer's would
+                # apply the scaled ones: only a step the scaler runs may stay
+                raise Refuse(f"`{self.code(stray[0])}` at line {stray[0].lineno} does not follow the scaled backward "
+                             "in its function: the plain optimizer would step on scaled gradients; migrate the step "
+                             "by hand")
         for s in conv:
             self.fc(self._mod(s)).replace(s, f"{self._scaler_at(s)}.step({self._opt_of(s)})")
         last_in: Dict[int, ast.Call] = {}
