@@ -160,3 +160,17 @@ def test_a_step_in_another_method_refuses(tmp_path):
         "\n    def update(self):\n        self.optimizer.step()\n        self.optimizer.zero_grad()\n"
     assert split != TRAINER + "\n"
     refused(tmp_path, {"trainer.py": split, "main.py": MAIN}, "does not follow the scaled backward")
+
+
+def test_fp16_optimizer_under_the_main_guard_makes_the_scaler_inside_it(tmp_path):
+    # the flag is parsed inside `if __name__ == "__main__":`: a scaler made before that block read
+    # `args` before it existed (NameError at start-up); the golden is
+    # fixtures/apex/*/fp16_optimizer_main_guard.py
+    src = (Path(__file__).parent.parent / "fixtures/apex/before/fp16_optimizer_main_guard.py").read_text()
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    head, _, body = text.partition('if __name__ == "__main__":\n')
+    assert "GradScaler" not in head and '    scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))\n' in body
+    assert "__name__ ==" not in body and ".half()" not in text and "inputs = x\n" in body

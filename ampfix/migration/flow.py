@@ -128,6 +128,16 @@ def guards(stmt, stop) -> List[ast.If]:
     return out
 
 
+def is_main_guard(stmt) -> bool:
+    """``if __name__ == "__main__":``"""
+    if not (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1
+            and isinstance(stmt.test.ops[0], ast.Eq)):
+        return False
+    sides = [stmt.test.left, stmt.test.comparators[0]]
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and \
+        any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides)
+
+
 # ------------------------------------------------------------------------------ data flow
 def assigned(stmt) -> Set[str]:
     """Names (and dotted targets) a statement binds, nested statements included."""

@@ -32,7 +32,7 @@ from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, 
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
-from ampfix.migration.flow import follows, forward_region, guards, stmt_of
+from ampfix.migration.flow import ancestors_stmts, follows, forward_region, guards, is_main_guard, stmt_of
 from ampfix.migration.fp16_holders import Holder, holder_of, instance_reads, name_in
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, description, scaler_call
 from ampfix.rule import ImportSpec
@@ -393,7 +393,10 @@ class Fp16Plan(Rewriter):
     def _place(self, calls, stmts, anchor, scaler_args) -> str:
         """Replace the constructor(s) by the scaler; returns autocast's enabled expression."""
         fc = self.fc(self.m)
-        gs = guards(anchor, self.unit)
+        # a script's `if __name__ == "__main__":` is its main body (the flag is parsed inside it),
+        # not a condition of AMP's: the scaler is made in it
+        unit = next((a for a in ancestors_stmts(anchor, self.unit) if is_main_guard(a)), self.unit)
+        gs = guards(anchor, unit)
         #: the source of the fp16 flag (the outermost guard's test), when there is a guard
         self.enabled_source = self.code(gs[-1].test) if gs else None
         cond = "True"
@@ -568,6 +571,13 @@ class Fp16Plan(Rewriter):
                         self._unwrap(n)
                         if f is not None and f is not self.func and id(f.node) not in self.callees:
                             self._half_before.setdefault(id(f.node), (f, gds[-1]))
+                        continue
+                    # `x.half() if args.fp16 else x`: the cast chosen by the flag in one expression
+                    ie = getattr(n, "_p", None)
+                    if isinstance(ie, ast.IfExp) and ie.body is n and self.code(ie.test) in self._flags_at(n) \
+                            and self.code(ie.orelse) == self.code(receiver(n)) and f is self.func:
+                        self.removed.add(id(n))
+                        self.fc(m).replace(ie, self.code(ie.orelse))
         return models
 
     def _evaluation_regions(self) -> None:

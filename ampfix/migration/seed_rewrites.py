@@ -9,7 +9,7 @@ from ampfix.model.apex import apex_value_condition
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned_in, code_body, guards, read, stmt_of, terminates,
+    ancestors_stmts, assigned_in, code_body, guards, is_main_guard, read, stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
@@ -26,16 +26,6 @@ def _only_reports(body) -> bool:
     """A handler that only says something (print, a log call, a warning) or passes."""
     return all(isinstance(x, ast.Pass) or (isinstance(x, ast.Expr) and isinstance(x.value, (ast.Call, ast.Constant)))
                for x in body)
-
-
-def is_main_guard(stmt) -> bool:
-    """``if __name__ == "__main__":``"""
-    if not (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1
-            and isinstance(stmt.test.ops[0], ast.Eq)):
-        return False
-    sides = [stmt.test.left, stmt.test.comparators[0]]
-    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and \
-        any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides)
 
 
 def lazy_tested(test) -> Set[str]:
