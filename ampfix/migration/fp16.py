@@ -257,7 +257,7 @@ class Fp16Plan(Rewriter):
                 names = (("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if bf16(self.s) else
                          ("scaler", "grad_scaler", "amp_scaler"))
                 h = holder_of(self.p, f, param, {self.scaler}, names)
-                reads = instance_reads(self.p, h, self.p.callers(f))
+                reads = instance_reads(h, self.p.callers(f))
                 if reads:
                     raise Refuse(f"`{self.code(reads[0])}` (line {reads[0].lineno}) reads the optimizer around "
                                  f"`{f.cls.name}`: pass the scaler there by hand")
@@ -607,12 +607,12 @@ class Fp16Plan(Rewriter):
     def _flags_at(self, node) -> Set[str]:
         """The fp16 flag as the code at ``node`` reads it."""
         h = self._holder_at(node)
-        return {x for x in (self.enabled_source, getattr(h, "flag", None) if h else None) if x}
+        return {x for x in (self.enabled_source, h.flag if h else None) if x}
 
     def _models_at(self, node) -> Set[str]:
         """The model names as the code at ``node`` reads them (``self.model`` in a holder)."""
         h = self._holder_at(node)
-        return self.models | (getattr(h, "models", set()) if h is not None else set())
+        return self.models | (h.models if h is not None else set())
 
     def _scaler_at(self, node) -> str:
         """The scaler (or, with bfloat16, the switch) as the code at ``node`` reaches it."""

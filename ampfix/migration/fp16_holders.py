@@ -29,6 +29,9 @@ class Holder:
         self.attr = attr
         self.store = store
         self.scaler = scaler
+        #: the maker's fp16 flag and model names as the methods read them (set once the flag is known)
+        self.flag: Optional[str] = None
+        self.models: Set[str] = set()
 
     @property
     def opt(self) -> str:
@@ -85,7 +88,7 @@ def holder_of(project, init, param: str, taken: Set[str], names=("scaler", "grad
     return Holder(init, param, attr, store, scaler)
 
 
-def instance_reads(project, holder: Holder, sites) -> List[ast.AST]:
+def instance_reads(holder: Holder, sites) -> List[ast.AST]:
     """``trainer.optimizer`` outside the class, where ``trainer`` is an instance the callers made:
     the optimizer reached around the class."""
     out = []
