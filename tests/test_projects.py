@@ -30,6 +30,9 @@ ENTRIES = {
     # a schedule class owns the optimizer apex initialized: its method steps it
     "optim_wrapper": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     "fp16_trainer_class": [["main.py", "--epochs", "2"], ["main.py", "--epochs", "2", "--fp16", "--accum", "2"]],
+    # a script with no main(): made under `if __name__ == "__main__":`, handed to a trainer class;
+    # the fp32 path's LambdaLR now schedules both paths, the fp16 path's own warm-up goes
+    "fp16_script_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

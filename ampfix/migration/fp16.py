@@ -26,8 +26,10 @@ float32, autocast casts per op, and a GradScaler scales:
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, List, Optional, Set, Tuple
 
+from ampfix.model.semantic import block_of
 from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
@@ -61,6 +63,9 @@ FP16_OWN = {
     "_set_loss_scale", "_master_params_to_model_params", "_step_with_closure", "_dummy_overflow_buf",
     "_get_param_groups", "_set_param_groups", "_get_state", "_set_state", "__getstate__", "__setstate__"}
 HALF_TYPES = {"torch.cuda.HalfTensor", "torch.HalfTensor"}
+#: what a schedule made of the optimizer is called: torch's ``*LR`` classes (``LambdaLR``, ``OneCycleLR``,
+#: ``ReduceLROnPlateau``), pytorch-transformers' ``WarmupLinearSchedule``, ``get_*_schedule_with_warmup``
+SCHEDULE_NAME = re.compile(r"(?i:sched|warmup)|LR(?:[A-Z]|$)")
 SCHEDULE_KW = {"warmup", "t_total", "schedule", "num_warmup_steps", "num_training_steps"}
 CHECKPOINT_NOTE = ("optimizer.state_dict() is now the plain optimizer's: checkpoints that FP16_Optimizer wrote load "
                    "after `ampfix convert-checkpoint`; save scaler.state_dict() beside it")
@@ -126,8 +131,6 @@ class Fp16Plan(Rewriter):
         casts: the FP16_Optimizer's module, and in the modules it is handed into, the functions
         that receive it and the others its maker calls (an evaluation handed the model)."""
         out = [(self.m, self.m.tree)]
-        if self.func is None:
-            return out
         out += [(h.module, h.cls) for h in self.holders.values() if h.module is not self.m]
         seen = set()
         for n in walk(self.unit):
@@ -214,7 +217,7 @@ class Fp16Plan(Rewriter):
         the functions of this module that receive it, each with the parameter that does.  Each must
         be called only from there, always with the optimizer, so that the scaler can go with it."""
         out: Dict[int, Tuple[object, str]] = {}
-        if self.func is None or self.opt.startswith("self."):
+        if self.opt.startswith("self."):
             return out
         m = self.m
         for n in walk(self.unit):
@@ -248,10 +251,14 @@ class Fp16Plan(Rewriter):
                                  "run ampfix on the whole project")
                 self.trees[id(f.module.tree)] = f.module
             for cs in self.p.callers(f):
-                if cs.caller is not self.func or dotted(cs.argument(param)) != self.opt:
-                    where = cs.caller.qualname if cs.caller else "module level"
-                    raise Refuse(f"`{f.qualname}` is also called from `{where}` ({cs.module.path} line "
+                if cs.caller is not self.func or cs.module is not m or dotted(cs.argument(param)) != self.opt:
+                    where = f"`{cs.caller.qualname}`" if cs.caller else "module level"
+                    raise Refuse(f"`{f.qualname}` is also called from {where} ({cs.module.path} line "
                                  f"{cs.node.lineno}) without this FP16_Optimizer: pass the scaler there by hand")
+                if cs.node.lineno < self.ctor_line:
+                    # the scaler is made where the FP16_Optimizer was: it would not exist yet
+                    raise Refuse(f"`{f.qualname}` is called at line {cs.node.lineno}, before the FP16_Optimizer "
+                                 f"at line {self.ctor_line} is made: pass the scaler there by hand")
             if ctor:
                 # a class keeps it on self (a trainer): the scaler goes beside it
                 names = (("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if bf16(self.s) else
@@ -422,11 +429,15 @@ class Fp16Plan(Rewriter):
             # every optimizer the fp32 path builds (`if args.from_pretrained: BertAdam(...) else: ...`)
             self.fp32_optimizer = [s for b in outer.orelse for s in [b, *walk(b)] if isinstance(s, ast.Assign) and
                                    dotted(s.targets[0]) == self.opt and isinstance(s.value, ast.Call)]
+            #: schedules the fp32 path builds from it (`scheduler = WarmupLinearSchedule(optimizer, ...)`)
+            self.fp32_schedules = [s for b in outer.orelse for s in [b, *walk(b)] if self._schedules(s)]
+            self._defaults_go(outer)
             self.notes.add("the fp16 path's apex optimizer goes: native AMP keeps the fp32 path's optimizer, so "
                            "--fp16 differs from the fp32 run by precision alone")
             self.gone_block = outer
             return cond
         self.fp32_optimizer = []
+        self.fp32_schedules = []
         self.gone_block = None
         made = self._made(args, cond, self._col(outer or anchor))
         if outer is None:
@@ -903,6 +914,15 @@ class Fp16Plan(Rewriter):
         if flag is None or not self.fp32_optimizer:
             return
         scheduled = [any(k.arg in SCHEDULE_KW for k in s.value.keywords) for s in self.fp32_optimizer]
+        if self.fp32_schedules:
+            # a schedule object of the optimizer's own: every fp32 optimizer is scheduled when it is
+            # made beside all of them, in the fp32 path's own block
+            top = [s for s in self.fp32_schedules if s in self.gone_block.orelse]
+            if len(top) != len(self.fp32_schedules):
+                raise Refuse(f"the fp32 path builds a schedule for `{self.opt}` at line "
+                             f"{self.fp32_schedules[0].lineno} under a condition of its own: whether the fp16 path's "
+                             "own warm-up must stay depends on it; migrate it by hand")
+            scheduled = [True] * len(scheduled)
         if not any(scheduled):
             return  # the fp16 path's warm-up drives the kept optimizer as it drove apex's
         if not all(scheduled):
@@ -917,6 +937,39 @@ class Fp16Plan(Rewriter):
         units += [(h.module, h.cls, {flag, h.flag} - {None}, h.opt) for h in self.holders.values()]
         for m, unit, flags, opt in units:
             self._warmup_in(m, unit, flags, opt)
+
+    def _defaults_go(self, outer) -> None:
+        """``scheduler = None`` right above ``if fp16: ... else: scheduler = LambdaLR(...)``: the else
+        now runs on both paths and sets it again at once, so the default is dead and goes."""
+        sets = {dotted(t) for s in outer.orelse if isinstance(s, ast.Assign) for t in s.targets} - {None}
+        _, _, block = block_of(outer)
+        at = next(i for i, s in enumerate(block) if s is outer)
+        for st in reversed(block[:at]):
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)
+                    and isinstance(st.value, ast.Constant)):
+                return
+            name = st.targets[0].id
+            if name not in sets:
+                return
+            first = next(s for s in outer.orelse if isinstance(s, ast.Assign) and
+                         any(dotted(t) == name for t in s.targets))
+            upto = outer.orelse[:outer.orelse.index(first) + 1]
+            if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                   for s in upto for n in ast.walk(s)):
+                return  # the else reads the default before it sets it
+            self.fc(self.m).remove(st)
+            sets.discard(name)
+
+    def _schedules(self, st) -> bool:
+        """``scheduler = WarmupLinearSchedule(optimizer, ...)``, ``LambdaLR(optimizer, ...)``,
+        ``get_linear_schedule_with_warmup(optimizer, ...)``: a schedule object made of the optimizer."""
+        if not (isinstance(st, ast.Assign) and isinstance(st.value, ast.Call)) or \
+                any(dotted(t) == self.opt for t in st.targets):
+            return False
+        call = st.value
+        first = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "optimizer"), None)
+        name = (dotted(call.func) or "").rsplit(".", 1)[-1]
+        return dotted(first) == self.opt and bool(SCHEDULE_NAME.search(name))
 
     def _warmup_in(self, m, unit, flags: Set[str], opt: str) -> None:
         for n in walk(unit, into_functions=unit is not self.unit):

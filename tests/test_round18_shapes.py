@@ -1,0 +1,169 @@
+"""Eighteenth round: an FP16_Optimizer made at a script's module level (or under its
+``if __name__ == "__main__":``) and handed to a function or a trainer class; the fp32 path's own
+schedule object; a call that hands the optimizer on before the FP16_Optimizer exists.  The runnable
+golden is fixtures/projects/fp16_script_trainer."""
+import textwrap
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ampfix.cli import main
+from test_round17_shapes import TRAINER
+
+SCRIPT = textwrap.dedent('''\
+    import argparse
+
+    import torch
+
+    from trainer import Trainer
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--fp16", action="store_true")
+        parser.add_argument("--lr", type=float, default=0.1)
+        args = parser.parse_args()
+        model = torch.nn.Linear(4, 4).cuda()
+        if args.fp16:
+            model.half()
+        if args.fp16:
+            from apex.optimizers import FP16_Optimizer, FusedAdam
+
+            optimizer = FusedAdam(model.parameters(), lr=args.lr)
+            optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        trainer = Trainer(model, optimizer, args)
+        trainer.fit([(torch.randn(8, 4, device="cuda"), torch.randn(8, 4, device="cuda"))])
+''')
+
+ENGINE = textwrap.dedent('''\
+    import torch
+
+
+    def train(args, model, optimizer, loader):
+        for x, y in loader:
+            if args.fp16:
+                x = x.half()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if args.fp16:
+                optimizer.backward(loss)
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+''')
+
+FLAT = textwrap.dedent('''\
+    import argparse
+
+    import torch
+
+    from engine import train
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fp16", action="store_true")
+    args = parser.parse_args()
+    model = torch.nn.Linear(4, 4).cuda()
+    if args.fp16:
+        model.half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.fp16:
+        from apex.fp16_utils import FP16_Optimizer
+
+        optimizer = FP16_Optimizer(optimizer, static_loss_scale=128.0)
+    for epoch in range(3):
+        train(args, model, optimizer, [(torch.randn(8, 4, device="cuda"), torch.randn(8, 4, device="cuda"))])
+''')
+
+
+def write(root: Path, files: dict) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def run(root: Path, *extra):
+    return CliRunner().invoke(main, ["migrate", *extra, "--torch-version", "2.4", str(root)])
+
+
+def test_a_script_under_the_main_guard_hands_it_to_a_trainer_class(tmp_path):
+    write(tmp_path, {"trainer.py": TRAINER, "main.py": SCRIPT})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    script = (tmp_path / "main.py").read_text()
+    trainer = (tmp_path / "trainer.py").read_text()
+    head, _, body = script.partition('if __name__ == "__main__":\n')
+    # made inside the block, after the flag is parsed, before the class is handed it
+    assert "GradScaler" not in head
+    assert body.index("args = parser.parse_args()") < body.index("scaler = torch.amp.GradScaler(") < \
+        body.index("Trainer(model, optimizer, args, scaler=scaler)")
+    assert "apex" not in script and ".half()" not in script
+    assert "def __init__(self, model, optimizer, args, *, scaler):" in trainer
+    assert "self.scaler.scale(loss).backward()" in trainer and "x.half()" not in trainer
+    compile(script, "main.py", "exec")
+    assert "Would rewrite 0 files" in run(tmp_path).output
+
+
+def test_module_level_code_hands_it_to_a_function_of_another_module(tmp_path):
+    write(tmp_path, {"engine.py": ENGINE, "train.py": FLAT})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    script = (tmp_path / "train.py").read_text()
+    engine = (tmp_path / "engine.py").read_text()
+    assert "def train(args, model, optimizer, loader, *, scaler):" in engine
+    assert "scaler.scale(loss).backward()" in engine and "x.half()" not in engine
+    assert "growth_interval=2**31 - 1" in script and "enabled=bool(args.fp16)" in script
+    assert script.index("scaler = torch.amp.GradScaler(") < script.index("for epoch in range(3):")
+    # the call grew past the file's width: one argument a line
+    assert "        scaler=scaler,\n    )\n" in script
+    assert "apex" not in script + engine and "model.half()" not in script
+
+
+def test_two_scripts_sharing_one_trainer_refuse(tmp_path):
+    # each script's plan would edit the shared class alone; the other's call would lack the scaler
+    write(tmp_path, {"trainer.py": TRAINER, "a.py": SCRIPT, "b.py": SCRIPT})
+    before = (tmp_path / "trainer.py").read_text()
+    out = run(tmp_path, "--write")
+    assert (tmp_path / "trainer.py").read_text() == before
+    assert "FP16_Optimizer(optimizer" in (tmp_path / "a.py").read_text()
+    assert "b.py line 22) without this FP16_Optimizer" in out.output, out.output
+
+
+def test_the_optimizer_handed_on_before_the_fp16_optimizer_exists_refuses(tmp_path):
+    early = FLAT.replace("if args.fp16:\n    from apex",
+                         "train(args, model, optimizer, [])\nif args.fp16:\n    from apex")
+    assert early != FLAT
+    write(tmp_path, {"engine.py": ENGINE, "train.py": early})
+    out = run(tmp_path, "--write")
+    assert "FP16_Optimizer(optimizer" in (tmp_path / "train.py").read_text()
+    assert "`train` is called at line 14, before the FP16_Optimizer at line 18 is made" in out.output, out.output
+
+
+SCHEDULED = SCRIPT.replace(
+    "    else:\n        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)\n",
+    "    else:\n        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)\n"
+    "        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / 10))\n")
+
+
+def test_the_fp32_paths_schedule_object_takes_the_fp16_warmup_away(tmp_path):
+    # the fp16 path now runs the fp32 path's optimizer and its LambdaLR: its own warm-up would
+    # set the learning rate on top of the schedule's
+    assert SCHEDULED != SCRIPT
+    write(tmp_path, {"trainer.py": TRAINER, "main.py": SCHEDULED})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    trainer = (tmp_path / "trainer.py").read_text()
+    script = (tmp_path / "main.py").read_text()
+    assert "param_groups" not in trainer and "warmup_linear" not in trainer
+    assert "    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer" in script
+
+
+def test_a_schedule_under_a_condition_of_its_own_refuses(tmp_path):
+    nested = SCHEDULED.replace("        scheduler = torch.optim",
+                               "        if args.lr > 0:\n            scheduler = torch.optim")
+    assert nested != SCHEDULED
+    write(tmp_path, {"trainer.py": TRAINER, "main.py": nested})
+    out = run(tmp_path, "--write")
+    assert "FP16_Optimizer(optimizer" in (tmp_path / "main.py").read_text()
+    assert "builds a schedule for `optimizer` at line 23 under a condition of its own" in out.output, out.output
