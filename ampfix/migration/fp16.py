@@ -29,7 +29,6 @@ import ast
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.semantic import block_of
 from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
