@@ -9,8 +9,10 @@ the reason ampfix gives).  Also recorded for every written file: whether it comp
 second ``migrate`` changes anything (it must not), which self-check problems (AMP203-207,
 AMP211, AMP212) appear that the original did not have, and host syncs the rewrite added
 (``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
-A migrated module is *right* when its file compiles, adds no self-check problem and no host
-sync; otherwise it is *broken*.  Files where the rewrite left a GradScaler that nothing reads
+A migrated module is *right* when its file compiles, adds no self-check problem, no host sync
+and no call of a GradScaler method on a name that is also bound to None with no test of it around
+the call (``scaler = None`` on the path without AMP: an AttributeError there); otherwise it is
+*broken*.  Files where the rewrite left a GradScaler that nothing reads
 (dead code) are counted too.  The summary is given for the whole corpus and for its two sides
 (the manifest's holdout, and the rest).  Writes ``corpus.json`` and ``corpus.md``.
 """
@@ -72,6 +74,79 @@ def unused_scalers(text: str) -> list:
                 for a, b in zip(block, block[1:]):
                     if made(a) is not None and made(a) == made(b):
                         out.append(a.lineno)
+    return sorted(set(out))
+
+
+SCALER_METHODS = {"scale", "unscale_", "step", "update", "get_scale", "is_enabled", "state_dict", "load_state_dict"}
+
+
+def none_scaler_calls(text: str) -> list:
+    """Lines that call a GradScaler method on a name its function (or the module) also binds to
+    None (``scaler = None`` / ``amp, scaler = None, None``), outside any ``if`` that tests that
+    name: on the path where it stays None the call raises AttributeError."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    parent = {}
+    for n in ast.walk(tree):
+        for c in ast.iter_child_nodes(n):
+            parent[c] = n
+
+    def unit_of(n):
+        p = parent.get(n)
+        while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            p = parent.get(p)
+        return p or tree
+
+    nones = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                pairs = zip(t.elts, n.value.elts) if isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple) \
+                    and len(t.elts) == len(n.value.elts) else [(t, n.value)]
+                for a, v in pairs:
+                    if isinstance(a, ast.Name) and isinstance(v, ast.Constant) and v.value is None:
+                        nones.add((id(unit_of(n)), a.id))
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = n.args
+            for a, d in zip(args.args[len(args.args) - len(args.defaults):], args.defaults):
+                if isinstance(d, ast.Constant) and d.value is None:
+                    nones.add((id(n), a.arg))
+            for a, d in zip(args.kwonlyargs, args.kw_defaults):
+                if isinstance(d, ast.Constant) and d.value is None:
+                    nones.add((id(n), a.arg))
+    # one call deep: `train(..., scaler)` from a function where `scaler` may be None
+    defs = {d.name: d for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in defs:
+            d = defs[n.func.id]
+            params = [a.arg for a in [*d.args.posonlyargs, *d.args.args]]
+            given = [*zip(params, n.args), *((k.arg, k.value) for k in n.keywords if k.arg)]
+            for param, v in given:
+                if isinstance(v, ast.Name) and (id(unit_of(n)), v.id) in nones:
+                    nones.add((id(d), param))
+    out = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SCALER_METHODS
+                and isinstance(n.func.value, ast.Name)):
+            continue
+        name = n.func.value.id
+        if (id(unit_of(n)), name) not in nones:
+            continue
+        p, guarded = parent.get(n), False
+        while p is not None and not guarded:
+            if isinstance(p, (ast.If, ast.IfExp, ast.While)) and any(
+                    isinstance(x, ast.Name) and x.id == name for x in ast.walk(p.test)):
+                guarded = True
+            if isinstance(p, ast.BoolOp) and any(isinstance(x, ast.Name) and x.id == name
+                                                 for v in p.values for x in ast.walk(v)):
+                guarded = True
+            p = parent.get(p)
+        if not guarded:
+            out.append(n.lineno)
     return sorted(set(out))
 
 
@@ -149,9 +224,12 @@ def main(argv=None) -> int:
             syncs = sum(text_after.count(s) - text_before.count(s) for s in SYNCS) if changed else 0
             dead = [n for n in unused_scalers(text_after)] if changed and compiles else []
             dead = dead if len(dead) > len(unused_scalers(text_before)) else []
+            maybe_none = none_scaler_calls(text_after) if changed and compiles else []
+            maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
-                          "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead})
-            ok = compiles and not new_self and syncs <= 0
+                          "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
+                          "scaler_calls_on_none": maybe_none})
+            ok = compiles and not new_self and syncs <= 0 and not maybe_none
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:
@@ -190,6 +268,7 @@ def main(argv=None) -> int:
             "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
             "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
             "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
+            "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
         }
 
     summary = side(modules, files)

@@ -17,6 +17,15 @@ def _scaled_threshold(clip, scalers) -> bool:
     return thr is not None and any(is_scaler_call(n, scalers, "get_scale") for n in [thr, *walk(thr)])
 
 
+def walk_tests(back, stmt, around):
+    """The tests of the ``if`` statements around ``back`` that are not around ``stmt``."""
+    p = getattr(back, "_p", None)
+    while p is not None and id(p) not in around:
+        if isinstance(p, ast.If):
+            yield p.test
+        p = getattr(p, "_p", None)
+
+
 class ClipScaledGrads(Rule):
     """
     ## What it does
@@ -125,6 +134,47 @@ class ClipScaledGrads(Rule):
             """,
         ),
         Invalid(
+            # the scaler exists on one path only (`scaler = None` otherwise): unscale_ where it ran
+            """
+            import torch
+            scaler = None
+            if args.amp:
+                scaler = torch.amp.GradScaler("cuda")
+            for x in data:
+                loss = model(x)
+                if args.amp and scaler is not None:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+            """,
+            expected="""
+            import torch
+            scaler = None
+            if args.amp:
+                scaler = torch.amp.GradScaler("cuda")
+            for x in data:
+                loss = model(x)
+                if args.amp and scaler is not None:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                if args.amp and scaler is not None:
+                    scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+            """,
+        ),
+        Invalid(
             """
             import torch
             for x in data:
@@ -175,5 +225,58 @@ class ClipScaledGrads(Rule):
                 or not self.edits.own_lines(stmt):
             return None
         scaler = dotted(receiver(receiver(back)))
-        return Fix("insert scaler.unscale_(optimizer) before clipping",
-                   [self.edits.insert_before(stmt, [f"{scaler}.unscale_({opts.pop()})"])])
+        cond = self._only_where(back, stmt)
+        if cond is False:
+            return None
+        line = f"{scaler}.unscale_({opts.pop()})"
+        lines = [line] if cond is None else [f"if {cond}:", self.edits.unit() + line]
+        return Fix("insert scaler.unscale_(optimizer) before clipping", [self.edits.insert_before(stmt, lines)])
+
+    def _only_where(self, back, stmt):
+        """The condition under which the scaled backward ran and the clip does not test
+        (``if args.use_apex: if scaler is not None: scaler.scale(loss).backward()`` and an
+        unguarded clip: ``scaler`` is None on the other path, so ``unscale_`` must run only
+        where the backward did): None when the clip runs under all of them, False when it
+        cannot be said (a loop or ``try`` of the backward's own, a test that calls or whose
+        names are set between the two)."""
+        around = set()
+        p = getattr(stmt, "_p", None)
+        while p is not None:
+            around.add(id(p))
+            p = getattr(p, "_p", None)
+        parts = []
+        child, p = back, getattr(back, "_p", None)
+        while p is not None and id(p) not in around:
+            if isinstance(p, ast.If):
+                if any(child is x for x in p.body):
+                    parts.append(self._test(p.test, False))
+                elif any(child is x for x in p.orelse):
+                    parts.append(self._test(p.test, True))
+                else:
+                    return False  # the backward is in the test itself
+            elif isinstance(p, ast.stmt) and child is not back and not isinstance(child, ast.expr):
+                return False  # a loop, a `with`, a `try` the clip is not in
+            child, p = p, getattr(p, "_p", None)
+        if not parts:
+            return None
+        if any(x is None for x in parts):
+            return False
+        tests = [n for n in walk_tests(back, stmt, around)]
+        names = {n.id for t in tests for n in ast.walk(t) if isinstance(n, ast.Name)}
+        unit = p
+        for n in ast.walk(unit) if unit is not None else ():
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and \
+                    back.lineno < n.lineno < stmt.lineno:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                if any(isinstance(x, ast.Name) and x.id in names for t in targets for x in ast.walk(t)):
+                    return False
+        return " and ".join(reversed(parts))
+
+    def _test(self, test, negated: bool):
+        if any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(test)):
+            return None  # evaluated again, it might not say the same
+        code = self.code_of(test)
+        if isinstance(test, (ast.BoolOp, ast.IfExp, ast.Lambda)) and (negated or isinstance(test, (ast.IfExp, ast.Lambda))
+                                                                      or not isinstance(test.op, ast.And)):
+            code = f"({code})"
+        return f"not {code}" if negated else code

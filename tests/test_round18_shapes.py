@@ -167,3 +167,41 @@ def test_a_schedule_under_a_condition_of_its_own_refuses(tmp_path):
     out = run(tmp_path, "--write")
     assert "FP16_Optimizer(optimizer" in (tmp_path / "main.py").read_text()
     assert "builds a schedule for `optimizer` at line 23 under a condition of its own" in out.output, out.output
+
+
+CLIP_LOOP = textwrap.dedent('''\
+    import torch
+
+
+    def train(args, model, opt, data, scaler=None):
+        for x in data:
+            loss = model(x)
+            if {test}:
+                loss.backward()
+            elif scaler is not None:
+                scaler.scale(loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+''')
+
+
+def test_unscale_before_a_clip_runs_only_where_the_scaled_backward_did(tmp_path):
+    # `scaler` is None on the other path: an unguarded unscale_ raised AttributeError there
+    # (hirofumi0810/neural_sp after its apex path went: a holdout module the corpus had counted right)
+    write(tmp_path, {"train.py": CLIP_LOOP.format(test="args.fp32")})
+    out = CliRunner().invoke(main, ["check", "--fix", "--select", "AMP206", str(tmp_path)])
+    text = (tmp_path / "train.py").read_text()
+    assert "        if not args.fp32 and scaler is not None:\n            scaler.unscale_(opt)\n" \
+           "        torch.nn.utils.clip_grad_norm_" in text, out.output
+    compile(text, "train.py", "exec")
+
+
+def test_a_test_that_calls_is_not_evaluated_again(tmp_path):
+    write(tmp_path, {"train.py": CLIP_LOOP.format(test="plain_step(args)")})
+    out = CliRunner().invoke(main, ["check", "--fix", "--select", "AMP206", str(tmp_path)])
+    assert "unscale_" not in (tmp_path / "train.py").read_text()
+    assert "AMP206" in out.output and "clipping scaled gradients" in out.output
