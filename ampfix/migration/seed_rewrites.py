@@ -11,7 +11,7 @@ from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     ancestors_stmts, assigned_in, code_body, guards, is_main_guard, read, stmt_of, terminates,
 )
-from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, scaler_call
+from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.migration.rewriter import substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
@@ -171,7 +171,7 @@ class SeedRewrites:
             elif lv not in ("O1", "O2"):
                 raise Refuse(f"unknown opt_level {lv}")
         else:
-            enabled = f'{code(level)} != "O0"'
+            enabled = f'{operand(code(level), level)} != "O0"'
             notes.add("opt_level is not a literal: AMP is enabled unless it is O0 (O3 runs as O1)")
         if "enabled" in kws:
             e = as_bool(code(kws["enabled"]), kws["enabled"])
@@ -747,7 +747,8 @@ class SeedRewrites:
         if not (isinstance(assign, ast.Assign) and assign.value is s.call and len(assign.targets) == 1):
             raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
         target = (s.unpack or assign).targets[0]
-        src = [s.models] + ([s.optimizers] if s.optimizers is not None else [])
+        # `amp.initialize(model, None, ...)` returns the model alone, as with no optimizers at all
+        src = [s.models] + ([s.optimizers] if s.optimizers is not None and not is_const(s.optimizers, None) else [])
         tnodes = list(target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
         # `m, [o1, o2] = amp.initialize(m, [a, b])`: pair the inner lists element by element
         flat_t, flat_s = [], []
@@ -786,7 +787,8 @@ class SeedRewrites:
         if isinstance(assign, ast.Assign) and len(assign.targets) == 1:
             target = assign.targets[0]
             tnames = [code(e) for e in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
-            vals = [m] + ([code(s.optimizers)] if s.optimizers is not None else [])
+            vals = [m] + ([code(s.optimizers)] if s.optimizers is not None and not is_const(s.optimizers, None)
+                          else [])
             if len(tnames) == len(vals):
                 pairs = [(t, v) for t, v in zip(tnames, vals) if t != v and t != "_"]
                 if pairs:

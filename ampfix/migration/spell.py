@@ -131,7 +131,29 @@ def conj(a: str, b: str) -> str:
             return a
         parts = [ast.get_source_segment(b, x) or ast.unparse(x) for x in extra]
         b = " and ".join(f"({p})" if isinstance(x, ast.BoolOp) else p for p, x in zip(parts, extra))
-    return f"({a}) and ({b})" if (" or " in a or " or " in b) else f"{a} and {b}"
+    return f"{_and_operand(a)} and {_and_operand(b)}"
+
+
+def _and_operand(code: str) -> str:
+    """``code`` as an operand of ``and``: an ``or``, a conditional expression, a lambda or a
+    walrus binds looser, so it is parenthesized (``x if c else y and z`` reads as
+    ``x if c else (y and z)``)."""
+    try:
+        e = ast.parse(code.strip(), mode="eval").body
+    except SyntaxError:
+        return f"({code})"
+    if isinstance(e, (ast.IfExp, ast.Lambda, ast.NamedExpr)) or (isinstance(e, ast.BoolOp) and isinstance(e.op, ast.Or)):
+        return f"({code})"
+    return code
+
+
+def operand(code: str, node) -> str:
+    """``code`` (the source of ``node``) as the left side of a comparison: anything that binds
+    looser than ``!=`` is parenthesized (``('O2' if mp else 'O0') != "O0"``)."""
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call, ast.Constant, ast.List, ast.Tuple,
+                         ast.Dict, ast.Set, ast.JoinedStr)) or code.startswith("("):
+        return code
+    return f"({code})"
 
 
 def _conjuncts(e) -> list:
