@@ -250,3 +250,39 @@ def test_and_parenthesizes_what_binds_looser():
     assert conj("bool(a)", "x if c else y") == "bool(a) and (x if c else y)"
     assert conj("a or b", "c") == "(a or b) and c"
     assert conj("a and b", "c") == "a and b and c"
+
+
+ADV = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def train(opts, model, optimizer, loader, tasks):
+        task2scaler = {t: i for i, t in enumerate(tasks)}
+        model, optimizer = amp.initialize(model, optimizer, num_losses=len(task2scaler),
+                                          enabled=opts.fp16, opt_level="O2")
+        for name, (x, delta) in zip(tasks, loader):
+            loss = model(x + delta).sum()
+            with amp.scale_loss(loss, optimizer, loss_id=task2scaler[name]) as scaled_loss:
+                scaled_loss.backward(retain_graph=True)
+            amp_scale = scaled_loss.item() // loss.item()
+            delta_grad = delta.grad.float() / amp_scale
+            optimizer.step()
+            optimizer.zero_grad()
+        return delta_grad
+''')
+
+
+def test_the_scaled_loss_read_after_its_block_stays_bound(tmp_path):
+    # VILLA's adversarial training reads `scaled_loss` after the block to unscale its own
+    # gradients: the rewrite had dropped the name (NameError); UNITER's `task2scaler`, read only by
+    # num_losses= and loss_id=, stayed behind unread
+    write(tmp_path, {"train.py": ADV})
+    out = run(tmp_path, "--write")
+    # left for a person: the two `.item()` host syncs the script makes itself (AMP303)
+    assert "not rewritten" not in out.output and "Rewrote 1 file" in out.output, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "scaled_loss = scaler.scale(loss)\n        scaled_loss.backward(retain_graph=True)\n" in text
+    assert "amp_scale = scaled_loss.item() // loss.item()" in text
+    assert "task2scaler" not in text and "apex" not in text
+    compile(text, "train.py", "exec")

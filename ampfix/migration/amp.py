@@ -726,6 +726,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         if not self.pure:
             self._evaluation_calls()
         self._finish_regions()
+        self._dropped_argument_names()
         if self.bf16:
             # what the notes say of a GradScaler does not apply: there is none
             for n in [n for n in self.notes if "GradScaler" in n or "unscale" in n]:
@@ -736,6 +737,43 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 fc = self.fc(m)
                 fc.adds.append(ImportSpec("torch"))
                 fc.removes.extend(apex_import_specs(m))
+
+    def _dropped_argument_names(self) -> None:
+        """``task2scaler = {t: i for i, t in enumerate(tasks)}`` read only by the arguments that
+        go with apex (``num_losses=len(task2scaler)``, ``loss_id=task2scaler[name]``): the
+        assignment goes too, when it computes nothing but that (UNITER's pretraining scripts and
+        their many copies)."""
+        calls = [(s.module, s.func, s.call, s.stmt) for s in self.g.seeds if getattr(s, "call", None) is not None]
+        calls += [(u.module, u.func, u.call, getattr(getattr(u.call, "_p", None), "_p", None))
+                  for u, _ in self.g.needs if u.kind == "scale_loss" and u.call is not None]
+        kept = {"models", "optimizers", "loss", "opt_level", "loss_scale", "enabled"}
+        dropped = {}
+        for m, func, call, stmt in calls:
+            if stmt is None or id(stmt) not in self.fc(m).touched:
+                continue
+            for k in call.keywords:
+                if k.arg is not None and k.arg not in kept:
+                    dropped.setdefault((id(m), id(func)), (m, func, []))[2].append(k.value)
+        for m, func, values in dropped.values():
+            unit = func.node if func is not None else m.tree
+            inside = {id(n) for v in values for n in ast.walk(v)}
+            every = list(walk(unit, into_functions=True))
+            if any(isinstance(n, (ast.Global, ast.Nonlocal)) for n in every):
+                continue
+            names = sorted({n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)})
+            for name in names:
+                nodes = [n for n in every if isinstance(n, ast.Name) and n.id == name and id(n) not in inside]
+                stores = [n for n in nodes if isinstance(n.ctx, ast.Store)]
+                if len(stores) != len(nodes) or len(stores) != 1:
+                    continue
+                st = stmt_of(stores[0])
+                if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is stores[0]
+                        and _computes_nothing_else(st.value)) or id(st) in self.fc(m).touched:
+                    continue
+                if func is None and self.p.mentioned_elsewhere(name):
+                    continue
+                self.fc(m).remove(st)
+                self.notes.add(f"`{name}`, which only apex's arguments read, goes too")
 
     def _unbound_scale_loss(self) -> Optional[str]:
         """``amp.scale_loss`` where ``amp`` is bound by nothing in its scope, in a module that
@@ -757,6 +795,24 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                             f"(apex's amp is imported inside `{where.qualname}` only), so the fp16 path raised "
                             "NameError: import it at the module's top, then migrate")
         return None
+
+
+#: calls that compute a value and nothing else
+_VALUE_CALLS = {"enumerate", "len", "range", "zip", "dict", "list", "set", "tuple", "sorted", "reversed", "keys",
+                "values", "items"}
+
+
+def _computes_nothing_else(expr) -> bool:
+    """A literal, a comprehension or a view of names (``{t: i for i, t in enumerate(d.keys())}``)."""
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name not in _VALUE_CALLS:
+                return False
+        elif isinstance(n, (ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)):
+            return False
+    return True
 
 
 def _library_entry(c: Optional[Carrier]) -> bool:

@@ -89,6 +89,16 @@ class UseRewrites:
         if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
             scaled = f"{scaler}.scale({loss_code})" if not self.noscale else f"({loss_code})"
         rest_uses = alias is not None and any(alias in read(x) for x in body[1:])
+        if alias is not None and not rest_uses:
+            # read after the block too (`amp_scale = scaled_loss.item() // loss.item()`: VILLA's
+            # adversarial steps): the name must stay bound, to the scaled loss it was
+            unit = u.func.node if u.func is not None else u.module.tree
+            # a read in a block that binds the name again (another scale_loss's) is that block's
+            inside = {id(n) for x in ast.walk(unit) if isinstance(x, ast.With) and any(
+                isinstance(i.optional_vars, ast.Name) and i.optional_vars.id == alias for i in x.items)
+                for n in ast.walk(x)}
+            rest_uses = any(isinstance(n, ast.Name) and n.id == alias and isinstance(n.ctx, ast.Load)
+                            and id(n) not in inside for n in ast.walk(unit))
         simple = (isinstance(first, ast.Expr) and method_call(first.value, "backward")
                   and dotted(receiver(first.value)) == alias and not rest_uses)
         if w.lineno == first.lineno:
