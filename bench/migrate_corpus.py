@@ -10,9 +10,10 @@ second ``migrate`` changes anything (it must not), which self-check problems (AM
 AMP211, AMP212) appear that the original did not have, and host syncs the rewrite added
 (``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
 A migrated module is *right* when its file compiles, adds no self-check problem, no host sync
-and no call of a GradScaler method on a name that is also bound to None with no test of it around
-the call (``scaler = None`` on the path without AMP: an AttributeError there); otherwise it is
-*broken*.  Files where the rewrite left a GradScaler that nothing reads
+no call of a GradScaler method on a name that is also bound to None with no test of it around
+the call (``scaler = None`` on the path without AMP: an AttributeError there), and no undefined
+name pyflakes did not find in the original (with ruff installed); otherwise it is *broken*.
+Unused locals, imports and redefinitions the rewrite added are counted as debris.  Files where the rewrite left a GradScaler that nothing reads
 (dead code) are counted too.  The summary is given for the whole corpus and for its two sides
 (the manifest's holdout, and the rest).  Writes ``corpus.json`` and ``corpus.md``.
 """
@@ -25,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 MANIFEST = Path(__file__).resolve().parent / "corpus" / "manifest.json"
@@ -150,6 +151,28 @@ def none_scaler_calls(text: str) -> list:
     return sorted(set(out))
 
 
+#: pyflakes' findings (through ruff, when it is installed: `pip install ruff`) that a rewrite must
+#: not add: an undefined name or one read before it is bound is a broken file; an unused local, an
+#: unused import or a redefinition is debris a reviewer would not merge
+RUFF = shutil.which("ruff", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+BROKEN_FLAKES = {"F821", "F823"}
+DEBRIS_FLAKES = {"F841", "F811", "F401"}
+
+
+def flakes(text: str) -> Counter:
+    if RUFF is None:
+        return Counter()
+    r = subprocess.run([RUFF, "check", "--isolated", "--no-cache", "--exit-zero", "--output-format", "json",
+                        "--select", ",".join(sorted(BROKEN_FLAKES | DEBRIS_FLAKES)), "--stdin-filename", "m.py", "-"],
+                       input=text, capture_output=True, text=True)
+    try:
+        found = json.loads(r.stdout or "[]")
+    except ValueError:
+        return Counter()
+    # the apex imports a rewrite removes are not its debris, whatever becomes of them
+    return Counter((d["code"], d["message"]) for d in found if not (d["code"] == "F401" and "apex" in d["message"]))
+
+
 def ampfix(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "ampfix", *args], capture_output=True, text=True, cwd=cwd)
 
@@ -226,10 +249,13 @@ def main(argv=None) -> int:
             dead = dead if len(dead) > len(unused_scalers(text_before)) else []
             maybe_none = none_scaler_calls(text_after) if changed and compiles else []
             maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
+            added = (flakes(text_after) - flakes(text_before)) if changed and compiles else Counter()
+            undefined = sorted(m for (c, m) in added if c in BROKEN_FLAKES)
+            debris = sorted(m for (c, m) in added if c in DEBRIS_FLAKES)
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
-                          "scaler_calls_on_none": maybe_none})
-            ok = compiles and not new_self and syncs <= 0 and not maybe_none
+                          "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris})
+            ok = compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:
@@ -269,6 +295,8 @@ def main(argv=None) -> int:
             "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
             "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
             "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
+            "files with an undefined name added": sum(bool(f.get("undefined_names")) for f in fls),
+            "files with debris added (unused local, import, redefinition)": sum(bool(f.get("debris")) for f in fls),
         }
 
     summary = side(modules, files)
