@@ -119,6 +119,19 @@ def none_scaler_calls(text: str) -> list:
             for a, d in zip(args.kwonlyargs, args.kw_defaults):
                 if isinstance(d, ast.Constant) and d.value is None:
                     nones.add((id(n), a.arg))
+    def guarded(node, name) -> bool:
+        """Under a test of ``name`` (``if scaler is not None:``, ``scaler and ...``)."""
+        p = parent.get(node)
+        while p is not None:
+            if isinstance(p, (ast.If, ast.IfExp, ast.While)) and any(
+                    isinstance(x, ast.Name) and x.id == name for x in ast.walk(p.test)):
+                return True
+            if isinstance(p, ast.BoolOp) and any(isinstance(x, ast.Name) and x.id == name
+                                                 for v in p.values for x in ast.walk(v)):
+                return True
+            p = parent.get(p)
+        return False
+
     # one call deep: `train(..., scaler)` from a function where `scaler` may be None
     defs = {d.name: d for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
     for n in ast.walk(tree):
@@ -127,7 +140,7 @@ def none_scaler_calls(text: str) -> list:
             params = [a.arg for a in [*d.args.posonlyargs, *d.args.args]]
             given = [*zip(params, n.args), *((k.arg, k.value) for k in n.keywords if k.arg)]
             for param, v in given:
-                if isinstance(v, ast.Name) and (id(unit_of(n)), v.id) in nones:
+                if isinstance(v, ast.Name) and (id(unit_of(n)), v.id) in nones and not guarded(n, v.id):
                     nones.add((id(d), param))
     out = []
     for n in ast.walk(tree):
@@ -135,18 +148,7 @@ def none_scaler_calls(text: str) -> list:
                 and isinstance(n.func.value, ast.Name)):
             continue
         name = n.func.value.id
-        if (id(unit_of(n)), name) not in nones:
-            continue
-        p, guarded = parent.get(n), False
-        while p is not None and not guarded:
-            if isinstance(p, (ast.If, ast.IfExp, ast.While)) and any(
-                    isinstance(x, ast.Name) and x.id == name for x in ast.walk(p.test)):
-                guarded = True
-            if isinstance(p, ast.BoolOp) and any(isinstance(x, ast.Name) and x.id == name
-                                                 for v in p.values for x in ast.walk(v)):
-                guarded = True
-            p = parent.get(p)
-        if not guarded:
+        if (id(unit_of(n)), name) in nones and not guarded(n, name):
             out.append(n.lineno)
     return sorted(set(out))
 

@@ -286,3 +286,76 @@ def test_the_scaled_loss_read_after_its_block_stays_bound(tmp_path):
     assert "amp_scale = scaled_loss.item() // loss.item()" in text
     assert "task2scaler" not in text and "apex" not in text
     compile(text, "train.py", "exec")
+
+
+GUARDED = textwrap.dedent('''\
+    import os
+    import warnings
+
+    import torch
+    from helpers import log_lr, warmup_linear
+    try:
+        from apex import amp
+    except ModuleNotFoundError:
+        warnings.warn("APEX AMP is unavailable")
+
+
+    def train(args, model, optimizer, loader):
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for step, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            log_lr(optimizer)
+''')
+
+
+def test_imports_only_removed_code_read_go_with_it(tmp_path):
+    # NVIDIA DeepLearningExamples Transformer-XL: `import warnings`, read only by the except of the
+    # apex import, stayed behind unread; an import the original left unread (`os`) is not ours
+    # to remove, nor one whose module may have effects of its own (`helpers`: not in the project)
+    write(tmp_path, {"train.py": GUARDED})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "import warnings" not in text and "import os\n" in text
+    assert "from helpers import log_lr, warmup_linear\n" in text
+
+
+WARMUP = textwrap.dedent('''\
+    import torch
+    from helpers import BertAdam, warmup_linear
+
+
+    def train(args, model, loader):
+        if args.fp16:
+            from apex.optimizers import FP16_Optimizer, FusedAdam
+
+            optimizer = FusedAdam(model.parameters(), lr=args.lr)
+            optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+        else:
+            optimizer = BertAdam(model.parameters(), lr=args.lr, warmup=0.1, t_total=100)
+        for step, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if args.fp16:
+                optimizer.backward(loss)
+            else:
+                loss.backward()
+            if args.fp16:
+                lr_this_step = args.lr * warmup_linear(step / 100, 0.1)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_this_step
+            optimizer.step()
+            optimizer.zero_grad()
+''')
+
+
+def test_one_name_of_several_goes_when_only_removed_code_read_it(tmp_path):
+    # NVIDIA's BERT run_swag.py: the fp16 path's own warm-up goes (BertAdam schedules itself), and
+    # `warmup_linear`, imported beside BertAdam for it alone, stayed behind unread
+    write(tmp_path, {"train.py": WARMUP})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "param_groups" not in text and "from helpers import BertAdam\n" in text

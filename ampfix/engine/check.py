@@ -25,7 +25,7 @@ from ampfix.model.settings import Settings
 from ampfix.model.source import Source, SourceError, run_deep
 from ampfix.engine.noqa import Suppressions
 from ampfix.engine.fit import fit_lines
-from ampfix.engine.tidy import tidy
+from ampfix.engine.tidy import imports_gone_unused, tidy
 
 SYNTAX_ERROR = ("AMP000", "syntax-error")
 IO_ERROR = ("AMP001", "io-error")
@@ -160,7 +160,7 @@ def apply_fixes(text: str, path: str, fixes: Sequence[Fix]) -> str:
 
     adds = [i for f in fixes for i in f.add_imports]
     removes = [i for f in fixes for i in f.remove_imports]
-    return fit_lines(text, tidy(out, path, adds, removes, STAR_EXPORTS))
+    return fit_lines(text, imports_gone_unused(text, tidy(out, path, adds, removes, STAR_EXPORTS), path, STAR_EXPORTS))
 
 
 def parses(text: str) -> bool:

@@ -19,6 +19,7 @@ from ampfix.model.analysis import torch_version_test
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
 from ampfix.model.semantic import Model, block_of, dotted, iter_statements, walk
 from ampfix.model.source import Source
+from ampfix.rule import ImportSpec
 
 PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
 
@@ -736,3 +737,51 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         add = addition_of(src, model, adds, b)
         out = apply_edits(out, add) if add else out
     return out
+
+
+def imports_gone_unused(before: str, after: str, path: str, star_exports=None) -> str:
+    """Imports that code read before the fixes and nothing reads after them (``import warnings``
+    read only by the ``except`` of a removed apex import; ``warmup_linear`` imported beside
+    ``BertAdam`` for a warm-up that went) go, where dropping them cannot skip a module's side
+    effects: a standard-library module, or one name of several the statement keeps.  An import
+    the original left unread stays: that was not the fixes' doing."""
+    try:
+        t0, t1 = ast.parse(before), ast.parse(after)
+    except SyntaxError:
+        return after
+
+    def reads(tree) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
+                out[n.id] = out.get(n.id, 0) + 1
+        return out
+
+    r0, r1 = reads(t0), reads(t1)
+    exported = {c.value for n in ast.walk(t1) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+        for c in ast.walk(n.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    specs = []
+    for stmt in ast.walk(t1):
+        if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            continue
+        for alias in stmt.names:
+            bound = (alias.asname or alias.name).split(".")[0]
+            if alias.name == "*" or bound in exported or not r0.get(bound) or r1.get(bound):
+                continue
+            if isinstance(stmt, ast.ImportFrom):
+                full = "." * stmt.level + (stmt.module or "")
+                stdlib = stmt.level == 0 and full.split(".")[0] in sys.stdlib_module_names
+                if not stdlib and not any(r1.get((a.asname or a.name).split(".")[0]) for a in stmt.names if a is not alias):
+                    continue
+                specs.append(ImportSpec(full, alias.name, alias.asname))
+            else:
+                if alias.name.split(".")[0] not in sys.stdlib_module_names:
+                    continue
+                specs.append(ImportSpec(alias.name, None, alias.asname))
+    if not specs:
+        return after
+    src = Source(after.encode("utf-8"), path, text=after)
+    src.parse()
+    edits = removal_of_unused(src, Model(src.tree, star_exports), specs)
+    return apply_edits(after, edits) if edits else after

@@ -727,6 +727,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
             self._evaluation_calls()
         self._finish_regions()
         self._dropped_argument_names()
+        self._imports_that_went()
         if self.bf16:
             # what the notes say of a GradScaler does not apply: there is none
             for n in [n for n in self.notes if "GradScaler" in n or "unscale" in n]:

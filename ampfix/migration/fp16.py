@@ -204,6 +204,7 @@ class Fp16Plan(Rewriter):
         self._hand_scaler()
         self._evaluation_regions()
         self._finish_regions()
+        self._imports_that_went()
         fc = self.fc(m)
         fc.adds.append(ImportSpec("torch"))
         fc.removes.extend(apex_import_specs(m))

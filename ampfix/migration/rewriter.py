@@ -50,6 +50,55 @@ class Rewriter:
                 else:
                     fc.wrap(block[i], block[j], f"with {h}")
 
+    def _imports_that_went(self) -> None:
+        """An import read only by code the migration removed or rewrote (``from optimization
+        import BertAdam, warmup_linear`` when the fp16 warm-up went; ``import warnings`` read only
+        by the apex import's ``except``; ``get_world_size`` read only by apex DDP's options) goes
+        too when nothing reads it after (the removal is conditional).  Only where dropping it
+        cannot skip a module's side effects: one name among others the statement keeps, a
+        standard-library module, or a project module whose top level only defines and imports."""
+        from ampfix.rule import ImportSpec
+
+        for fc in list(self.g.changes.values()):
+            m = fc.module
+            gone = fc.touched | {id(x) for x in fc.removed}
+            read = {x.id for n in walk(m.tree, into_functions=True) if id(n) in gone
+                    for x in ast.walk(n) if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)}
+            if not read:
+                continue
+            for stmt in walk(m.tree):
+                if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or id(stmt) in gone:
+                    continue
+                base = stmt.module if isinstance(stmt, ast.ImportFrom) else None
+                for alias in stmt.names:
+                    bound = (alias.asname or alias.name).split(".")[0]
+                    if bound not in read or alias.name == "*":
+                        continue
+                    full = ("." * stmt.level + (base or "")) if isinstance(stmt, ast.ImportFrom) else alias.name
+                    if "apex" in full.split("."):
+                        continue
+                    if len(stmt.names) == 1 and not self._no_side_effects(m, stmt, full):
+                        continue
+                    if isinstance(stmt, ast.ImportFrom):
+                        fc.removes.append(ImportSpec(full, alias.name, alias.asname))
+                    else:
+                        fc.removes.append(ImportSpec(alias.name, None, alias.asname))
+
+    def _no_side_effects(self, m, stmt, full: str) -> bool:
+        import sys
+
+        top = full.lstrip(".").split(".")[0]
+        if not full.startswith(".") and top in sys.stdlib_module_names:
+            return True
+        target = None if full.startswith(".") else self.p.module_named(full)
+        if target is None:
+            return False
+        return all(isinstance(x, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                   or (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))
+                   or (isinstance(x, (ast.Assign, ast.AnnAssign)) and not any(
+                       isinstance(y, ast.Call) for y in ast.walk(x)))
+                   for x in target.tree.body)
+
     @staticmethod
     def _no_grad_with(stmt):
         """The ``with torch.no_grad():`` that is all of ``stmt`` (or of the loops it is the whole
