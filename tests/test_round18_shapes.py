@@ -359,3 +359,12 @@ def test_one_name_of_several_goes_when_only_removed_code_read_it(tmp_path):
     assert out.exit_code == 0, out.output
     text = (tmp_path / "train.py").read_text()
     assert "param_groups" not in text and "from helpers import BertAdam\n" in text
+
+
+def test_a_name_another_module_takes_from_this_one_stays(tmp_path):
+    other = "from train import warmup_linear\n\nprint(warmup_linear(0.5, 0.1))\n"
+    write(tmp_path, {"train.py": WARMUP, "report.py": other})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "param_groups" not in text and "from helpers import BertAdam, warmup_linear\n" in text

@@ -740,11 +740,13 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
 
 
 def imports_gone_unused(before: str, after: str, path: str, star_exports=None) -> str:
-    """Imports that code read before the fixes and nothing reads after them (``import warnings``
-    read only by the ``except`` of a removed apex import; ``warmup_linear`` imported beside
-    ``BertAdam`` for a warm-up that went) go, where dropping them cannot skip a module's side
-    effects: a standard-library module, or one name of several the statement keeps.  An import
-    the original left unread stays: that was not the fixes' doing."""
+    """Standard-library imports that code read before the fixes and nothing reads after them
+    (``import warnings`` read only by the ``except`` of a removed apex import) go.  Only those:
+    another module may import a project name from this one (the planners, which see the project,
+    take those), and a package's ``__init__.py`` re-exports what it imports.  An import the
+    original left unread stays: that was not the fixes' doing."""
+    if path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py":
+        return after
     try:
         t0, t1 = ast.parse(before), ast.parse(after)
     except SyntaxError:
@@ -771,8 +773,7 @@ def imports_gone_unused(before: str, after: str, path: str, star_exports=None) -
                 continue
             if isinstance(stmt, ast.ImportFrom):
                 full = "." * stmt.level + (stmt.module or "")
-                stdlib = stmt.level == 0 and full.split(".")[0] in sys.stdlib_module_names
-                if not stdlib and not any(r1.get((a.asname or a.name).split(".")[0]) for a in stmt.names if a is not alias):
+                if stmt.level or full.split(".")[0] not in sys.stdlib_module_names:
                     continue
                 specs.append(ImportSpec(full, alias.name, alias.asname))
             else:

@@ -79,6 +79,8 @@ class Rewriter:
                         continue
                     if len(stmt.names) == 1 and not self._no_side_effects(m, stmt, full):
                         continue
+                    if m.path.replace("\\", "/").endswith("__init__.py") or self.p.imported_from(m, bound):
+                        continue  # another module may take the name from this one
                     if isinstance(stmt, ast.ImportFrom):
                         fc.removes.append(ImportSpec(full, alias.name, alias.asname))
                     else:

@@ -464,6 +464,24 @@ class Project:
                 except SourceError:
                     continue
 
+    def imported_from(self, module: "Module", name: str) -> bool:
+        """Whether another module takes ``name`` from ``module`` (``from train import
+        build_optimizer``): one given for this run (read now if it names it), or a file under the
+        root not read for it.  An import from a module the run cannot place (relative, or not
+        among the files) may be from this one: it counts."""
+        self._load_mentioning(name)
+        if self.mentioned_elsewhere(name):
+            return True
+        for other in self.modules.values():
+            if other is module or name not in other.src.text:
+                continue
+            for st in walk(other.tree, into_functions=True):
+                if isinstance(st, ast.ImportFrom) and any(a.name == name for a in st.names):
+                    target = self.module_named(st.module or "") if not st.level else None
+                    if target is None or target is module:
+                        return True
+        return False
+
     def _called_as(self, f: Function) -> str:
         return f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name
 
