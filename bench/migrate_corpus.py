@@ -159,6 +159,9 @@ def none_scaler_calls(text: str) -> list:
 #: unused import or a redefinition is debris a reviewer would not merge
 RUFF = shutil.which("ruff", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 BROKEN_FLAKES = {"F821", "F823"}
+#: "`X` may be undefined, or defined from star imports": with `from apex.fp16_utils import *` gone,
+#: pyflakes says F821 of the same names; the original did not define them either
+STAR_UNDEFINED = re.compile(r"`(\w+)` may be undefined, or defined from star imports")
 DEBRIS_FLAKES = {"F841", "F811", "F401"}
 
 
@@ -166,16 +169,27 @@ def flakes(text: str) -> Counter:
     if RUFF is None:
         return Counter()
     r = subprocess.run([RUFF, "check", "--isolated", "--no-cache", "--exit-zero", "--output-format", "json",
-                        "--select", ",".join(sorted(BROKEN_FLAKES | DEBRIS_FLAKES)), "--stdin-filename", "m.py", "-"],
+                        "--select", ",".join(sorted(BROKEN_FLAKES | DEBRIS_FLAKES | {"F405"})), "--stdin-filename",
+                        "m.py", "-"],
                        input=text, capture_output=True, text=True)
     try:
         found = json.loads(r.stdout or "[]")
     except ValueError:
         return Counter()
     # the apex imports a rewrite removes are not its debris, whatever becomes of them
-    # "redefinition of unused X from line N": N moves when lines above go; the finding is the same
-    return Counter((d["code"], re.sub(r"line \d+", "line N", d["message"])) for d in found
-                   if not (d["code"] == "F401" and "apex" in d["message"]))
+    out = Counter()
+    for d in found:
+        code, msg = d["code"], d["message"]
+        if code == "F401" and "apex" in msg:
+            continue
+        star = STAR_UNDEFINED.search(msg)
+        if code == "F405":
+            if not star:
+                continue
+            code, msg = "F821", f"Undefined name `{star.group(1)}`"
+        # "redefinition of unused X from line N": N moves when lines above go; the finding is the same
+        out[(code, re.sub(r"line \d+", "line N", msg))] += 1
+    return out
 
 
 def ampfix(*args, cwd=None):
@@ -255,7 +269,8 @@ def main(argv=None) -> int:
             maybe_none = none_scaler_calls(text_after) if changed and compiles else []
             maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
             added = (flakes(text_after) - flakes(text_before)) if changed and compiles else Counter()
-            undefined = sorted(m for (c, m) in added if c in BROKEN_FLAKES)
+            # a name already undefined in the original (one more read of it) is not the rewrite's
+            undefined = sorted({m for (c, m) in added if c in BROKEN_FLAKES} - set(m for (c, m) in flakes(text_before)))
             debris = sorted(m for (c, m) in added if c in DEBRIS_FLAKES)
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,

@@ -368,3 +368,68 @@ def test_a_name_another_module_takes_from_this_one_stays(tmp_path):
     assert out.exit_code == 0, out.output
     text = (tmp_path / "train.py").read_text()
     assert "param_groups" not in text and "from helpers import BertAdam, warmup_linear\n" in text
+
+
+PREPARE = textwrap.dedent('''\
+    import torch
+
+
+    def prepare(args, model, ckpt, amp):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if ckpt:
+            optimizer.load_state_dict(ckpt["optimizer"])
+            if amp:
+                optimizer.state = {}
+        if amp:
+            model, optimizer = amp.initialize(model, optimizer, opt_level=args.fp16_opt_level)
+            if ckpt:
+                amp.load_state_dict(ckpt["amp"])
+        return model, optimizer
+
+
+    def train(args, model, loader, ckpt=None):
+        if args.fp16:
+            from apex import amp
+        else:
+            amp = None
+        model, optimizer = prepare(args, model, ckpt, amp=amp)
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if args.fp16:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+''')
+
+
+def test_amp_handed_to_a_setup_that_restores_its_state_migrates(tmp_path):
+    # the caller makes the scaler before the call: the setup's early `if amp:` reads a parameter
+    write(tmp_path, {"train.py": PREPARE})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "def prepare(args, model, ckpt, scaler):" in text and "if scaler.is_enabled():\n            optimizer.state" in text
+    assert text.index("scaler = torch.amp.GradScaler(") < text.index("prepare(args, model, ckpt, scaler=scaler)")
+
+
+def test_amp_tested_before_the_initialize_that_makes_the_scaler_refuses(tmp_path):
+    # microsoft/unilm s2s-ft: a dummy scaled step inside the setup keeps the scaler there, made
+    # where initialize was; `if amp: optimizer.state = {}` above it had become
+    # `if scaler.is_enabled():` three lines before the scaler existed (UnboundLocalError); the
+    # corpus saw it once pyflakes joined its checks
+    dummy = PREPARE.replace('''            amp.load_state_dict(ckpt["amp"])
+''', '''            amp.load_state_dict(ckpt["amp"])
+            loss = model(torch.ones(2, 2)).sum()
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+''')
+    assert dummy != PREPARE
+    write(tmp_path, {"train.py": dummy})
+    out = run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "amp.initialize(" in text and "scaler" not in text, text
+    assert "`amp` is tested at line 8, before the scaler is made where amp.initialize was (line 11)" in out.output, \
+        out.output

@@ -1107,6 +1107,13 @@ class UseRewrites:
         if test is not None:
             # `if amp:` / `if amp is not None:` where amp is apex's amp handed in, or None
             node, negated = test
+            made = [s for s in self.g.seeds if s.idx in c.seeds and getattr(s, "func", None) is u.func
+                    and getattr(s, "stmt", None) is not None and s.stmt.lineno > u.line]
+            if made and u.func is not None:
+                # `if amp: optimizer.state = {}` above the initialize that makes the scaler here: the
+                # scaler does not exist yet at the test (microsoft/unilm s2s-ft)
+                raise Refuse(f"`{u.node.id}` is tested at line {u.line}, before the scaler is made where "
+                             f"amp.initialize was (line {made[0].stmt.lineno}): migrate it by hand")
             text = f"{'not ' if negated else ''}{c.expr}.is_enabled()"
             b = u.module.sem.bindings_of(u.node)[0]
             if param_may_be_none(u.module.sem, b.scope.node, u.node.id):
