@@ -433,3 +433,63 @@ def test_amp_tested_before_the_initialize_that_makes_the_scaler_refuses(tmp_path
     assert "amp.initialize(" in text and "scaler" not in text, text
     assert "`amp` is tested at line 8, before the scaler is made where amp.initialize was (line 11)" in out.output, \
         out.output
+
+
+GLOBAL_OPT = textwrap.dedent('''\
+    import torch
+
+    model = torch.nn.Linear(4, 4).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.fp16:
+        from apex.fp16_utils import FP16_Optimizer
+        optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+
+
+    def train(loader):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if args.fp16:
+                optimizer.backward(loss)
+            else:
+                loss.backward()
+            optimizer.step()
+''')
+
+SELF_OPT = textwrap.dedent('''\
+    import torch
+
+
+    class Wrapper:
+        def __init__(self, args, model):
+            self.args, self.model = args, model
+            self.init_optimizer(args)
+
+        def init_optimizer(self, args):
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            if args.fp16:
+                from apex.optimizers import FP16_Optimizer
+                self.optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+            else:
+                self.optimizer = optimizer
+
+        def step(self, x, y):
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            if self.args.fp16:
+                self.optimizer.backward(loss)
+            else:
+                loss.backward()
+            self.optimizer.step()
+''')
+
+
+def test_bfloat16_flags_are_bound_where_they_are_read(tmp_path):
+    # kimiyoung/transformer-xl (a module-level FP16_Optimizer, its optimizer read as a global) and
+    # uclanlp/visualbert (self.optimizer made in a method, stepped in another): autocast read
+    # `use_amp`, which nothing bound
+    write(tmp_path, {"flat.py": GLOBAL_OPT, "wrap.py": SELF_OPT})
+    out = run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
+    assert out.exit_code == 0, out.output
+    flat = (tmp_path / "flat.py").read_text()
+    wrap = (tmp_path / "wrap.py").read_text()
+    assert "use_amp = bool(args.fp16)\n" in flat and "enabled=use_amp" in flat
+    assert "self.use_amp = bool(args.fp16)" in wrap and "enabled=self.use_amp" in wrap

@@ -311,8 +311,12 @@ class Fp16Plan(Rewriter):
 
     def _scaler_name(self) -> str:
         taken = {n.id for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name)}
-        if bf16(self.s):
+        if bf16(self.s) and not self.opt.startswith("self."):
             return next(x for x in ("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if x not in taken)
+        if bf16(self.s):
+            # the other methods read it on self, as they read the optimizer (uclanlp/visualbert)
+            attrs = {n.attr for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Attribute)}
+            return "self." + next(x for x in ("use_amp", "amp_enabled", "use_bf16", "bf16_autocast") if x not in attrs)
         if self.opt.startswith("self."):
             attrs = {n.attr for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Attribute)}
             return "self." + next(x for x in ("scaler", "grad_scaler", "amp_scaler") if x not in attrs)
@@ -458,7 +462,11 @@ class Fp16Plan(Rewriter):
         """The scaler's statement; with bfloat16 the flag that says whether AMP is on, only where a
         function the optimizer is handed to reads it."""
         if bf16(self.s):
-            return [f"{self.scaler} = {cond}"] if self.callees else []
+            # read by the functions it is handed to, or, made at module level, by the functions
+            # that use the optimizer as a global (kimiyoung/transformer-xl: `use_amp` was read there
+            # and never bound)
+            return [f"{self.scaler} = {cond}"] if self.callees or self.func is None or self.scaler.startswith("self.") \
+                else []
         return [f"{self.scaler} = {scaler_call(self.s, args, col, self.scaler + ' = ')}"]
 
     def _params_of(self, inner) -> Optional[str]:
