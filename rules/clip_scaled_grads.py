@@ -17,15 +17,6 @@ def _scaled_threshold(clip, scalers) -> bool:
     return thr is not None and any(is_scaler_call(n, scalers, "get_scale") for n in [thr, *walk(thr)])
 
 
-def walk_tests(back, stmt, around):
-    """The tests of the ``if`` statements around ``back`` that are not around ``stmt``."""
-    p = getattr(back, "_p", None)
-    while p is not None and id(p) not in around:
-        if isinstance(p, ast.If):
-            yield p.test
-        p = getattr(p, "_p", None)
-
-
 class ClipScaledGrads(Rule):
     """
     ## What it does
@@ -246,10 +237,11 @@ class ClipScaledGrads(Rule):
         while p is not None:
             around.add(id(p))
             p = getattr(p, "_p", None)
-        parts = []
+        parts, tests = [], []
         child, p = back, getattr(back, "_p", None)
         while p is not None and id(p) not in around:
             if isinstance(p, ast.If):
+                tests.append(p.test)
                 if any(child is x for x in p.body):
                     parts.append(self._test(p.test, False))
                 elif any(child is x for x in p.orelse):
@@ -263,10 +255,8 @@ class ClipScaledGrads(Rule):
             return None
         if any(x is None for x in parts):
             return False
-        tests = [n for n in walk_tests(back, stmt, around)]
         names = {n.id for t in tests for n in ast.walk(t) if isinstance(n, ast.Name)}
-        unit = p
-        for n in ast.walk(unit) if unit is not None else ():
+        for n in ast.walk(p) if p is not None else ():  # the block both are in
             if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and \
                     back.lineno < n.lineno < stmt.lineno:
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
@@ -278,7 +268,9 @@ class ClipScaledGrads(Rule):
         if any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)) for n in ast.walk(test)):
             return None  # evaluated again, it might not say the same
         code = self.code_of(test)
-        if isinstance(test, (ast.BoolOp, ast.IfExp, ast.Lambda)) and (negated or isinstance(test, (ast.IfExp, ast.Lambda))
-                                                                      or not isinstance(test.op, ast.And)):
+        # an `or`, a conditional or a lambda binds looser than `and`; `not` binds tighter than any
+        looser = isinstance(test, (ast.IfExp, ast.Lambda)) or (
+            isinstance(test, ast.BoolOp) and (negated or isinstance(test.op, ast.Or)))
+        if looser:
             code = f"({code})"
         return f"not {code}" if negated else code

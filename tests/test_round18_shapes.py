@@ -3,12 +3,11 @@
 schedule object; a call that hands the optimizer on before the FP16_Optimizer exists.  The runnable
 golden is fixtures/projects/fp16_script_trainer."""
 import textwrap
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from ampfix.cli import main
-from test_round17_shapes import TRAINER
+from test_round17_shapes import TRAINER, run, write
 
 SCRIPT = textwrap.dedent('''\
     import argparse
@@ -74,17 +73,6 @@ FLAT = textwrap.dedent('''\
     for epoch in range(3):
         train(args, model, optimizer, [(torch.randn(8, 4, device="cuda"), torch.randn(8, 4, device="cuda"))])
 ''')
-
-
-def write(root: Path, files: dict) -> None:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-
-
-def run(root: Path, *extra):
-    return CliRunner().invoke(main, ["migrate", *extra, "--torch-version", "2.4", str(root)])
 
 
 def test_a_script_under_the_main_guard_hands_it_to_a_trainer_class(tmp_path):

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from ampfix.model.analysis import torch_version_test
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
 from ampfix.model.semantic import Model, block_of, dotted, iter_statements, walk
-from ampfix.model.source import Source
+from ampfix.model.source import Source, SourceError
 from ampfix.rule import ImportSpec
 
 PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Subscript)
@@ -739,50 +739,40 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
     return out
 
 
-def imports_gone_unused(before: str, after: str, path: str, star_exports=None) -> str:
+def imports_gone_unused(before: str, after: str, path: str, removes: Sequence, star_exports=None) -> str:
     """Standard-library imports that code read before the fixes and nothing reads after them
-    (``import warnings`` read only by the ``except`` of a removed apex import) go.  Only those:
-    another module may import a project name from this one (the planners, which see the project,
-    take those), and a package's ``__init__.py`` re-exports what it imports.  An import the
-    original left unread stays: that was not the fixes' doing."""
-    if path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py":
+    (``import warnings`` read only by the ``except`` of a removed apex import) go, in a round of
+    fixes that removes imports.  Only those: another module may import a project name from this
+    one (the planners, which see the project, take those), and a package's ``__init__.py``
+    re-exports what it imports.  An import the original left unread stays: that was not the
+    fixes' doing."""
+    if not removes or path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py":
         return after
     try:
-        t0, t1 = ast.parse(before), ast.parse(after)
-    except SyntaxError:
+        src = Source(after.encode("utf-8"), path, text=after)
+        src.parse()
+        r0 = used_names(Model(ast.parse(before)))
+    except (SourceError, SyntaxError):
         return after
-
-    def reads(tree) -> Dict[str, int]:
-        out: Dict[str, int] = {}
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
-                out[n.id] = out.get(n.id, 0) + 1
-        return out
-
-    r0, r1 = reads(t0), reads(t1)
-    exported = {c.value for n in ast.walk(t1) if isinstance(n, ast.Assign) and any(
+    model = Model(src.tree, star_exports)
+    r1 = used_names(model)
+    exported = {c.value for n in ast.walk(src.tree) if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
         for c in ast.walk(n.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
     specs = []
-    for stmt in ast.walk(t1):
-        if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+    for stmt in model.imports:
+        if isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").split(".")[0]
+                                                 not in sys.stdlib_module_names):
             continue
         for alias in stmt.names:
             bound = (alias.asname or alias.name).split(".")[0]
             if alias.name == "*" or bound in exported or not r0.get(bound) or r1.get(bound):
                 continue
             if isinstance(stmt, ast.ImportFrom):
-                full = "." * stmt.level + (stmt.module or "")
-                if stmt.level or full.split(".")[0] not in sys.stdlib_module_names:
-                    continue
-                specs.append(ImportSpec(full, alias.name, alias.asname))
-            else:
-                if alias.name.split(".")[0] not in sys.stdlib_module_names:
-                    continue
+                specs.append(ImportSpec(stmt.module, alias.name, alias.asname))
+            elif alias.name.split(".")[0] in sys.stdlib_module_names:
                 specs.append(ImportSpec(alias.name, None, alias.asname))
     if not specs:
         return after
-    src = Source(after.encode("utf-8"), path, text=after)
-    src.parse()
-    edits = removal_of_unused(src, Model(src.tree, star_exports), specs)
+    edits = removal_of_unused(src, model, specs)
     return apply_edits(after, edits) if edits else after

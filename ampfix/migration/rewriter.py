@@ -3,6 +3,7 @@ and the small helpers of the rewrites (names returned, parameters, substitution,
 from __future__ import annotations
 
 import ast
+import sys
 from typing import Dict, List, Optional, Tuple
 
 from ampfix.model.analysis import arg
@@ -11,6 +12,7 @@ from ampfix.migration.flow import (
     guards,
 )
 from ampfix.model.semantic import dotted, param_defaults, walk
+from ampfix.rule import ImportSpec
 
 
 class Rewriter:
@@ -57,8 +59,6 @@ class Rewriter:
         too when nothing reads it after (the removal is conditional).  Only where dropping it
         cannot skip a module's side effects: one name among others the statement keeps, a
         standard-library module, or a project module whose top level only defines and imports."""
-        from ampfix.rule import ImportSpec
-
         for fc in list(self.g.changes.values()):
             m = fc.module
             gone = fc.touched | {id(x) for x in fc.removed}
@@ -87,8 +87,6 @@ class Rewriter:
                         fc.removes.append(ImportSpec(alias.name, None, alias.asname))
 
     def _no_side_effects(self, m, stmt, full: str) -> bool:
-        import sys
-
         top = full.lstrip(".").split(".")[0]
         if not full.startswith(".") and top in sys.stdlib_module_names:
             return True
