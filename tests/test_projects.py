@@ -33,6 +33,9 @@ ENTRIES = {
     # a script with no main(): made under `if __name__ == "__main__":`, handed to a trainer class;
     # the fp32 path's LambdaLR now schedules both paths, the fp16 path's own warm-up goes
     "fp16_script_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    # a setup that returns (model, optimizers) when training and the model alone otherwise; the
+    # loss helper gets the loss terms as a parameter: autocast goes around the callers' forward
+    "maker_returns": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"], ["infer.py"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

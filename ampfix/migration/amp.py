@@ -40,7 +40,7 @@ from ampfix.migration.use_rewrites import UseRewrites
 from ampfix.migration.wrappers import WrapperSteps
 from ampfix.migration.switches import SwitchSeed, built_by_configuration, find_switches, handed_to_framework
 
-from ampfix.migration.rewriter import Rewriter, param_of, returned_names
+from ampfix.migration.rewriter import Rewriter, param_of, returned_after, returns_in
 from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check
 
 
@@ -297,7 +297,11 @@ class AmpPlanner:
             if own - {"state_dict", "load_state_dict", ""}:
                 out.append(s)
                 continue
-            returned = returned_names(f)
+            returned = returned_after(f, s.stmt)
+            # the arities of the returns a path without the seed reaches (`return model` when not
+            # training): a call that unpacks that many values never gets the seed's optimizer
+            other = {len(r.value.elts) if isinstance(r.value, (ast.Tuple, ast.List)) else 1
+                     for r in returns_in(f.node) if r.value is not None} - {len(returned)}
             targets = s.target_names
             if returned:
                 targets = [(self._returned_through(f, s.stmt, t, returned) or t) if t and t not in returned else t
@@ -319,6 +323,8 @@ class AmpPlanner:
                                      "assigned; the scaler cannot be made beside it")
                     t = st.targets[0]
                     telts = list(t.elts) if isinstance(t, (ast.Tuple, ast.List)) else [t]
+                    if len(telts) != len(returned) and len(telts) in other:
+                        continue
                     if len(telts) != len(returned):
                         raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} unpacks "
                                      f"{len(telts)} values of {len(returned)}")
@@ -337,6 +343,9 @@ class AmpPlanner:
                     virtual.append(v)
             except Refuse as exc:
                 bad[s.idx] = str(exc)
+                out.append(s)
+                continue
+            if not virtual:
                 out.append(s)
                 continue
             s.exported = True
@@ -438,7 +447,7 @@ class AmpPlanner:
             return False
         names = s.target_names
         opt = names[1] if len(names) > 1 else None
-        return opt is not None and opt in returned_names(s.func)
+        return opt is not None and opt in returned_after(s.func, s.stmt)
 
     @staticmethod
     def _returned_through(f, stmt, name: str, returned: List[str]) -> Optional[str]:

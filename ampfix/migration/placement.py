@@ -84,6 +84,12 @@ class Solver:
             return self.fail(module, func, f"`{func.cls.name}` is built by a registry from the configuration "
                                            f"(@{module.src.code(deco)}), so no call can hand it the GradScaler: keep "
                                            "one where the optimizer lives (the runner) by hand")
+        if not sites and self.seeds and func.is_method and func.cls is not None and (
+                func.node.name == "forward" or (func.node.name.startswith("__") and func.node.name != "__init__")):
+            # nn.Module.__call__ runs forward (`model(x)`), Python runs the dunders: no call in the
+            # project names them, and none of those calls would pass a scaler
+            return self.fail(module, func, f"`{func.qualname}` runs when the object is called (`obj(...)`) or "
+                                           "by Python itself, so the scaler cannot be passed to it")
         if not sites:
             name = func.cls.name if func.node.name == "__init__" and func.cls is not None else func.node.name
             elsewhere = self.p.mentioned_elsewhere(name)

@@ -11,7 +11,7 @@ from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.flow import (
     guards,
 )
-from ampfix.model.semantic import dotted, param_defaults, walk
+from ampfix.model.semantic import block_of, dotted, param_defaults, walk
 from ampfix.rule import ImportSpec
 
 
@@ -153,6 +153,67 @@ def returned_names(f) -> List[str]:
     return out or []
 
 
+def returns_in(node) -> List[ast.Return]:
+    """The returns of ``node``'s own function (not of a def or lambda nested in it)."""
+    out: List[ast.Return] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Return):
+            out.append(n)
+        for c in ast.iter_child_nodes(n):
+            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.append(c)
+    return out
+
+
+def returns_after(f, stmt) -> List[ast.Return]:
+    """The returns a path through ``stmt`` can reach: those after it in its block and in the
+    blocks around it, up to the first that ends every path (a return of the block itself).  A
+    return only the paths without ``stmt`` reach (``return model`` after an ``if`` whose body
+    returned) is not one.  Where a path from ``stmt`` may fall off the function's end, every
+    return of the function."""
+    found: List[ast.Return] = []
+    cur = stmt
+    while cur is not None and cur is not f.node:
+        owner, field, seq = block_of(cur)
+        if owner is None or not field:
+            break
+        if isinstance(owner, (ast.For, ast.AsyncFor, ast.While)):
+            # the loop runs its body again after stmt: every return in it is reachable
+            found.extend(returns_in(owner))
+        else:
+            if isinstance(owner, ast.Try) or type(owner).__name__ == "TryStar":
+                # an exception after stmt goes to a handler; else and finally run after it too
+                for x in list(owner.handlers) + list(owner.orelse) + list(owner.finalbody):
+                    if x is not cur:
+                        found.extend(returns_in(x))
+            i = next(j for j, x in enumerate(seq) if x is cur)
+            for later in seq[i + 1:]:
+                if not isinstance(later, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    found.extend(returns_in(later))
+                if isinstance(later, (ast.Return, ast.Raise)):
+                    return found
+        if owner is f.node:
+            break
+        cur = owner
+    return returns_in(f.node)
+
+
+def returned_after(f, stmt) -> List[str]:
+    """The names that the returns a path through ``stmt`` can reach (:func:`returns_after`) give
+    back, the same at each (``return model, flow_net, optimizers`` at the end of the ``if`` that
+    holds the seed); [] where they differ or one is not a name."""
+    names: Optional[List[str]] = None
+    for r in returns_after(f, stmt):
+        v = r.value
+        got = [dotted(e) for e in (v.elts if isinstance(v, (ast.Tuple, ast.List)) else [v])] if v is not None else []
+        if None in got or (names is not None and got != names):
+            return []
+        names = got
+    return names or []
+
+
 def param_of(s, f, keyword: str, position: int) -> Optional[str]:
     """The parameter of ``f`` that the seed's argument ``keyword``/``position`` reads, if it is one."""
     a = arg(s.call, keyword, position)
@@ -200,7 +261,33 @@ def substitute(text: str, orig, cs) -> str:
         else:
             if ast.dump(ast.parse(out, mode="eval")) == plain:
                 return out
-    return ast.unparse(folded)
+    return quoted_as(text, ast.unparse(folded))
+
+
+def quoted_as(text: str, out: str) -> str:
+    """``out`` (from ast.unparse, which quotes with ``'``) with its plain string literals in
+    double quotes where ``text`` wrote its strings so (``opt.amp != "O0"``)."""
+    import io
+    import tokenize
+
+    if '"' not in text or "'" in text:
+        return out
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(out).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return out
+    pieces, line_starts = [], [0]
+    for ln in out.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(ln))
+    last = 0
+    for t in toks:
+        if t.type != tokenize.STRING or not t.string.startswith("'") or '"' in t.string or "\\" in t.string:
+            continue
+        a = line_starts[t.start[0] - 1] + t.start[1]
+        b = line_starts[t.end[0] - 1] + t.end[1]
+        pieces.append(out[last:a] + '"' + t.string[1:-1] + '"')
+        last = b
+    return "".join(pieces) + out[last:]
 
 
 def fold(tree):

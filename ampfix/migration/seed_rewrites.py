@@ -13,7 +13,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
-from ampfix.migration.rewriter import substitute
+from ampfix.migration.rewriter import quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
@@ -360,8 +360,13 @@ class SeedRewrites:
         """The options of the seed a virtual seed came from, said in its caller's terms."""
         orig, cs, telts, returned = s.exported_from
         enabled, notes, scaler_args, pure = self._options(orig)
-        gs = guards(orig.stmt, orig.unit)
-        around = [a for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If)]
+        # an `if` around both the seed and every return the seed reaches held when the caller got
+        # the seed's values (`if opt.is_train:` ... `return model, optimizers`): it says nothing more
+        reached = returns_after(orig.func, orig.stmt)
+        held = {id(a) for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If) and reached and all(
+            _same_branch(a, orig.stmt, r) for r in reached)}
+        gs = [g for g in guards(orig.stmt, orig.unit) if id(g) not in held]
+        around = [a for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If) and id(a) not in held]
         negated = [a for a in around if a not in gs and not terminates(a.body)]
         if negated:
             # each caller would make a scaler, those that only evaluate too: not planned yet
@@ -401,7 +406,7 @@ class SeedRewrites:
         out = ast.unparse(Sub().visit(tree))
         for name in tested:
             self._apex_none_goes(cs, name)
-        return out
+        return quoted_as(text, out)
 
     def _apex_none_goes(self, cs, name: str) -> None:
         """``else: amp = None`` beside ``from apex import amp`` in the caller goes once every read of
@@ -1062,4 +1067,13 @@ def _restates(test, value, code, negated: bool = False) -> bool:
             if code(x) == v and isinstance(y, ast.Constant) and y.value in _DYNAMIC_VALUES and \
                     not isinstance(y.value, bool):
                 return True
+    return False
+
+
+def _same_branch(owner: ast.If, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` both lie in the body of ``owner``, or both in its ``else``."""
+    for field in ("body", "orelse"):
+        inside = [x for st in getattr(owner, field) for x in (st, *walk(st))]
+        if any(x is a for x in inside):
+            return any(x is b for x in inside)
     return False

@@ -172,6 +172,9 @@ class UseRewrites:
         if region is not None and func is not None and self._only_rescales(region, loss, func):
             # `loss = loss / accumulation` on a parameter: the forward pass is in the callers
             region, missing = None, {loss.id}
+        elif region is not None and func is not None and _only_derives(region, func, u.module) is not None:
+            # `loss = sum(torch.mean(x) for x in losses)` of a parameter `losses`: the same
+            region, missing = None, {_only_derives(region, func, u.module)}
         if region is not None:
             if any(self._under_autocast(x) for x in region.stmts):
                 return
@@ -1157,3 +1160,36 @@ def _arithmetic(e) -> bool:
     if isinstance(e, ast.Subscript):
         return isinstance(e.value, (ast.Name, ast.Attribute)) and isinstance(e.slice, (ast.Constant, ast.Name))
     return isinstance(e, (ast.Name, ast.Attribute, ast.Constant))
+
+
+def _only_derives(region, func, module) -> Optional[str]:
+    """The parameter of ``func`` that is all the region reads, besides builtins and modules the
+    file imports (``losses = [torch.mean(x) for x in losses]; loss = sum(losses)``): no model,
+    no input, so no forward pass runs there; it ran in the callers.  None otherwise."""
+    import builtins
+
+    loads: Set[str] = set()
+    stores: Set[str] = set()
+    for st in region.stmts:
+        for n in [st, *walk(st)]:
+            if isinstance(n, DEFS) or isinstance(n, ast.Lambda):
+                return None
+            if isinstance(n, ast.Name):
+                (loads if isinstance(n.ctx, ast.Load) else stores).add(n.id)
+            elif isinstance(n, ast.arg):
+                stores.add(n.arg)
+    modules = {(a.asname or a.name).split(".")[0] for st in module.tree.body if isinstance(st, ast.Import)
+               for a in st.names}
+    params = set(func.positional) | set(func.kwonly)
+    free = loads - (stores - params) - modules - set(dir(builtins))
+    if len(free) != 1 or not free <= params or free & {"self", "cls"}:
+        return None
+    p = next(iter(free))
+    for st in region.stmts:
+        for n in walk(st):
+            # `model(x)`, `model.forward(x)`, `net.module(x)`: the parameter runs a forward pass
+            if isinstance(n, ast.Call) and (dotted(n.func) == p or (
+                    isinstance(n.func, ast.Attribute) and (dotted(n.func) or "").startswith(p + ".") and
+                    n.func.attr in ("forward", "module", "__call__", "model"))):
+                return None
+    return p
