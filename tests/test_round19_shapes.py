@@ -191,3 +191,76 @@ def test_unparsed_conditions_keep_the_files_quotes():
     assert quoted_as('opt.amp != "O0"', "bool(x) and opt.amp != 'O0'") == 'bool(x) and opt.amp != "O0"'
     assert quoted_as("opt.amp != 'O0'", "bool(x) and opt.amp != 'O0'") == "bool(x) and opt.amp != 'O0'"
     assert quoted_as('a != "x"', "a != 'it\\'s'") == "a != 'it\\'s'"
+
+
+def test_a_conditional_opt_level_folds_to_its_test(tmp_path):
+    """`opt_level='O0' if args.fp32 else 'O1'` says when AMP is on: `not args.fp32`, not
+    `('O0' if args.fp32 else 'O1') != "O0"`."""
+    script = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        def train(args, model, loader):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model, optimizer = amp.initialize(model, optimizer, opt_level='O0' if args.fp32 else 'O1')
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+    ''')
+    write(tmp_path, {"train.py": script})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "scaler = torch.amp.GradScaler('cuda', enabled=not args.fp32)" in text, text
+    assert "'O0'" not in text
+
+
+FP16_SCRIPT = textwrap.dedent('''\
+    import argparse
+
+    import torch
+    from apex.fp16_utils import FP16_Optimizer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--clip", type=float, default=0.25)
+    parser.add_argument("--dynamic-loss-scale", action="store_true")
+    args = parser.parse_args()
+    model = torch.nn.Linear(4, 4).cuda()
+    if args.fp16:
+        model = model.half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.fp16:
+        # If args.dynamic_loss_scale is False, static_loss_scale will be used.
+        optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=args.dynamic_loss_scale)
+
+
+    def train(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if args.fp16:
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+        if args.fp16:
+            optimizer.clip_master_grads(args.clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+''')
+
+
+def test_fp16_optimizer_clip_reuses_the_fp32_paths_parameters_and_its_comment_goes(tmp_path):
+    """kimiyoung/transformer-xl's shape (tuned corpus): the clip of both paths becomes the fp32
+    path's `clip_grad_norm_(model.parameters(), ...)`, not a generator over param_groups, and the
+    comment on the loss-scale options of the FP16_Optimizer that went does not stay behind."""
+    for dtype in ("float16", "bfloat16"):
+        write(tmp_path / dtype, {"train.py": FP16_SCRIPT})
+        out = run(tmp_path / dtype, "--write", "-q", "--dtype", dtype)
+        assert out.exit_code == 0, out.output
+        text = (tmp_path / dtype / "train.py").read_text()
+        assert "torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)" in text, text
+        assert "param_groups" not in text and "clip_master_grads" not in text
+        assert "static_loss_scale" not in text, text

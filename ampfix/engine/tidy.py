@@ -101,7 +101,7 @@ def _speaks_of_mixed_precision(text: str) -> bool:
     statement that goes, it described that statement."""
     low = text.lower()
     return _speaks_of_apex(text) or re.search(r"\bO[0-3]\b", text) is not None or re.search(
-        r"\bfp16\b|float16|half[- ]precision|mixed[- ]precision|opt_level|loss[- ]scal", low) is not None
+        r"\bfp16\b|float16|half[- ]precision|mixed[- ]precision|opt_level|loss[-_ ]scal", low) is not None
 
 
 def comments_above(src: Source, line: int) -> Optional[int]:
@@ -253,7 +253,10 @@ class Remover:
 
     def _carry_comments(self, tops) -> List[Edit]:
         """Comments inside removed statements move above the next statement that stays (so
-        nothing a person wrote is lost), except those of a removed import, which described it."""
+        nothing a person wrote is lost), except those of a removed import, which described it,
+        and those that speak of half precision or loss scaling (``# If args.dynamic_loss_scale is
+        False, static_loss_scale will be used.`` inside the FP16_Optimizer block that goes): they
+        described the apex code that went, and would be stale above the code that stays."""
         edits: List[Edit] = []
         src = self.src
         for s in sorted(tops, key=lambda s: (s.lineno, s.col_offset)):
@@ -265,6 +268,8 @@ class Remover:
                 c = _comment_of_line(text, no, src)
                 if c and c.strip("#").strip():  # a bare `#` says nothing: it goes with its line
                     lines.append(c)
+            if lines and all(_speaks_of_mixed_precision(c) for c in lines):
+                continue
             if not lines:
                 continue
             nxt = self._next_kept(s)

@@ -819,6 +819,7 @@ class Fp16Plan(Rewriter):
             params = (self.inner_params if o == self.opt and self.inner_params else
                       f'(p for group in {o}.param_groups for p in group["params"])')
             rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
+            params = self._fp32_clip_params(st, rest) or params
             fc = self.fc(self._mod(call))
             fc.replace(call, f"torch.nn.utils.clip_grad_norm_({', '.join([params, *rest])})")
             if not bf16(self.s):
@@ -843,6 +844,24 @@ class Fp16Plan(Rewriter):
         for node in inners:
             self.fc(self._mod(node)).replace(node, self.opt_at[id(node.value)])
         self._fp16_only_warmup()
+
+    def _fp32_clip_params(self, st, rest: List[str]) -> Optional[str]:
+        """``if args.fp16: optimizer.clip_master_grads(c) else: clip_grad_norm_(model.parameters(),
+        c)``: the parameters the fp32 path clipped, said as the code says them (the two branches
+        become one clip)."""
+        owner = getattr(st, "_p", None)
+        if not isinstance(owner, ast.If) or len(owner.body) != 1 or len(owner.orelse) != 1:
+            return None
+        other = owner.orelse[0] if owner.body[0] is st else owner.body[0] if owner.orelse[0] is st else None
+        call = getattr(other, "value", None)
+        if not isinstance(other, (ast.Expr, ast.Assign)) or not isinstance(call, ast.Call) or not call.args or \
+                not (dotted(call.func) or "").endswith("clip_grad_norm_"):
+            return None
+        theirs = [self.code(a) for a in call.args[1:]] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
+        if theirs != rest or isinstance(other, ast.Assign) != isinstance(st, ast.Assign) or (
+                isinstance(st, ast.Assign) and self.code(st.targets[0]) != self.code(other.targets[0])):
+            return None
+        return self.code(call.args[0])
 
     def _counters_go(self, block) -> None:
         """A counter that only the removed warm-up read (``global_step = 0`` / ``global_step += 1``)

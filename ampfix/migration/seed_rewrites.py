@@ -170,6 +170,15 @@ class SeedRewrites:
                 enabled = "False"
             elif lv not in ("O1", "O2"):
                 raise Refuse(f"unknown opt_level {lv}")
+        elif isinstance(level, ast.IfExp) and string_value(level.body) is not None and \
+                string_value(level.orelse) is not None:
+            # `opt_level='O2' if mp else 'O0'`: the test says when AMP is on, as the author wrote it
+            on = [string_value(x).upper() != "O0" for x in (level.body, level.orelse)]
+            test = code(level.test)
+            enabled = {(True, False): as_bool(test, level.test), (False, True): f"not {operand(test, level.test)}",
+                       (True, True): "True", (False, False): "False"}[tuple(on)]
+            if "O3" in (string_value(level.body).upper(), string_value(level.orelse).upper()):
+                notes.add("opt_level O3 in a conditional: it runs as O1 (autocast), the model stays float32")
         else:
             enabled = f'{operand(code(level), level)} != "O0"'
             notes.add("opt_level is not a literal: AMP is enabled unless it is O0 (O3 runs as O1)")
