@@ -3,7 +3,9 @@ and the small helpers of the rewrites (names returned, parameters, substitution,
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
 from typing import Dict, List, Optional, Tuple
 
 from ampfix.model.analysis import arg
@@ -140,31 +142,9 @@ class Rewriter:
 
 
 
-def returned_names(f) -> List[str]:
-    """The names a function returns (``return model, optimizer``), the same at every return."""
-    out = None
-    for n in walk(f.node):
-        if isinstance(n, ast.Return):
-            v = n.value
-            names = [dotted(e) for e in (v.elts if isinstance(v, (ast.Tuple, ast.List)) else [v])] if v is not None else []
-            if None in names or (out is not None and names != out):
-                return []
-            out = names
-    return out or []
-
-
 def returns_in(node) -> List[ast.Return]:
     """The returns of ``node``'s own function (not of a def or lambda nested in it)."""
-    out: List[ast.Return] = []
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, ast.Return):
-            out.append(n)
-        for c in ast.iter_child_nodes(n):
-            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                todo.append(c)
-    return out
+    return [n for n in (node, *walk(node)) if isinstance(n, ast.Return)]
 
 
 def returns_after(f, stmt) -> List[ast.Return]:
@@ -267,9 +247,6 @@ def substitute(text: str, orig, cs) -> str:
 def quoted_as(text: str, out: str) -> str:
     """``out`` (from ast.unparse, which quotes with ``'``) with its plain string literals in
     double quotes where ``text`` wrote its strings so (``opt.amp != "O0"``)."""
-    import io
-    import tokenize
-
     if '"' not in text or "'" in text:
         return out
     try:

@@ -4,6 +4,7 @@ around what computes the loss), the optimizer steps and ``scaler.update()``, ``a
 from __future__ import annotations
 
 import ast
+import builtins
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
@@ -172,9 +173,11 @@ class UseRewrites:
         if region is not None and func is not None and self._only_rescales(region, loss, func):
             # `loss = loss / accumulation` on a parameter: the forward pass is in the callers
             region, missing = None, {loss.id}
-        elif region is not None and func is not None and _only_derives(region, func, u.module) is not None:
-            # `loss = sum(torch.mean(x) for x in losses)` of a parameter `losses`: the same
-            region, missing = None, {_only_derives(region, func, u.module)}
+        elif region is not None and func is not None:
+            derived_from = _only_derives(region, func, u.module)
+            if derived_from is not None:
+                # `loss = sum(torch.mean(x) for x in losses)` of a parameter `losses`: the same
+                region, missing = None, {derived_from}
         if region is not None:
             if any(self._under_autocast(x) for x in region.stmts):
                 return
@@ -1166,8 +1169,6 @@ def _only_derives(region, func, module) -> Optional[str]:
     """The parameter of ``func`` that is all the region reads, besides builtins and modules the
     file imports (``losses = [torch.mean(x) for x in losses]; loss = sum(losses)``): no model,
     no input, so no forward pass runs there; it ran in the callers.  None otherwise."""
-    import builtins
-
     loads: Set[str] = set()
     stores: Set[str] = set()
     for st in region.stmts:
