@@ -10,7 +10,7 @@ holding a git directory).
     python bench/corpus.py materialize --mirrors DIR --out /tmp/corpus    # from local mirrors
     python bench/corpus.py materialize --out /tmp/holdout --only holdout  # the holdout alone
     python bench/corpus.py list
-    python bench/corpus.py add --mirrors DIR OWNER/NAME [--holdout]       # a new repository
+    python bench/corpus.py add --mirrors DIR OWNER/NAME [--holdout] [--commit REV] [--batch LABEL]
 
 Entries with ``"holdout": true`` are the holdout: repositories measured before any fix and never
 looked at while fixing (``bench/results/corpus`` reports them apart).  ``--only holdout`` /
@@ -110,17 +110,20 @@ def select(gd: Path, commit: str):
     return sorted(f for f in py if any(r == "" or f.startswith(r + "/") for r in roots))
 
 
-def add(mirrors: Path, repo: str, holdout: bool, manifest: Path = MANIFEST) -> int:
+def add(mirrors: Path, repo: str, holdout: bool, manifest: Path = MANIFEST, rev: str = "HEAD",
+        batch: str | None = None) -> int:
     doc = json.loads(manifest.read_text())
     if any(e["repo"] == repo for e in doc["repos"]):
         print(f"{repo} is in the manifest already", file=sys.stderr)
         return 1
     gd = git_dir(mirrors, repo)
-    commit = subprocess.run(["git", "--git-dir", str(gd), "rev-parse", "HEAD"], capture_output=True, text=True,
+    commit = subprocess.run(["git", "--git-dir", str(gd), "rev-parse", rev + "^{commit}"], capture_output=True, text=True,
                             check=True).stdout.strip()
     entry = {"repo": repo, "commit": commit, "paths": select(gd, commit)}
     if holdout:
         entry["holdout"] = True
+    if batch:
+        entry["batch"] = batch
     doc["repos"].append(entry)
     manifest.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{repo} {commit[:10]} {len(entry['paths'])} files{' (holdout)' if holdout else ''}")
@@ -139,13 +142,16 @@ def main(argv=None) -> int:
     a.add_argument("--mirrors", type=Path, required=True)
     a.add_argument("repo")
     a.add_argument("--holdout", action="store_true")
+    a.add_argument("--commit", default="HEAD",
+                   help="the commit to pin (default: the mirror's HEAD); e.g. the last one before the project dropped apex")
+    a.add_argument("--batch", default=None, help="a label for the entries added together, reported apart")
     args = ap.parse_args(argv)
     if args.cmd == "list":
         for e in load():
             print(f"{e['repo']:55} {e['commit'][:10]} {len(e['paths']):4} files{'  holdout' if e.get('holdout') else ''}")
         return 0
     if args.cmd == "add":
-        return add(args.mirrors, args.repo, args.holdout)
+        return add(args.mirrors, args.repo, args.holdout, rev=args.commit, batch=args.batch)
     return 1 if materialize(args.mirrors, args.out, only=args.only) else 0
 
 

@@ -232,7 +232,9 @@ def main(argv=None) -> int:
         unsafe.append(f"--dtype={args.dtype}")
         EXTRA.append(f"--dtype={args.dtype}")
     rows, files = [], []
-    holdout = {e["repo"].replace("/", "+") for e in json.loads(MANIFEST.read_text())["repos"] if e.get("holdout")}
+    entries = json.loads(MANIFEST.read_text())["repos"]
+    holdout = {e["repo"].replace("/", "+") for e in entries if e.get("holdout")}
+    batch = {e["repo"].replace("/", "+"): e["batch"] for e in entries if e.get("batch")}
     for repo in sorted(p for p in args.corpus.iterdir() if p.is_dir()):
         tmp = Path(tempfile.mkdtemp()) / repo.name
         shutil.copytree(repo, tmp)
@@ -292,7 +294,7 @@ def main(argv=None) -> int:
                 status = "refused" if left else ("migrated" if ok else "broken")
                 rows.append({"repo": repo.name, "path": rel, "kind": k, "uses": len(had),
                              "status": status, "left": len(left), "reason": reason if left else None,
-                             "holdout": repo.name in holdout})
+                             "holdout": repo.name in holdout, "batch": batch.get(repo.name)})
         files.append({"repo": repo.name, "idempotent": again.stdout.strip() == ""})
         shutil.rmtree(tmp.parent, ignore_errors=True)
     modules = [r for r in rows if "kind" in r]
@@ -322,6 +324,9 @@ def main(argv=None) -> int:
     summary = side(modules, files)
     summary["holdout"] = side([r for r in modules if r["holdout"]], [f for f in files if f["repo"] in holdout])
     summary["tuned"] = side([r for r in modules if not r["holdout"]], [f for f in files if f["repo"] not in holdout])
+    for b in sorted(set(batch.values())):  # repositories added together (measured before any fix for them)
+        summary["batch " + b] = side([r for r in modules if r["batch"] == b],
+                                     [f for f in files if batch.get(f["repo"]) == b])
     summary["errors"] = [r for r in rows if "error" in r]
     print(json.dumps(summary, indent=1))
     if args.out:
