@@ -77,7 +77,7 @@ class AmpPlanner:
     def groups(self) -> List[Group]:
         uses: List[Use] = []
         for m in list(self.p.modules.values()):
-            if "apex" not in m.src.text:
+            if "apex" not in m.src.text and "scale_loss" not in m.src.text:  # `args.amp.scale_loss` too
                 continue
             skip = getattr(self.p, "skip", set())
             for node, q in apex_uses(m.sem, m.tree):
@@ -789,7 +789,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         """``amp.scale_loss`` where ``amp`` is bound by nothing in its scope, in a module that
         imports apex's amp only inside a function (``Trainer.__init__``): the fp16 path raised
         NameError there.  The reason to give instead of "never used with amp.scale_loss"."""
-        for m in self.p.modules.values():
+        for path in sorted(self.g.paths):  # the group's modules: another script's bug is not this one's
+            m = self.p.modules[path]
             if "scale_loss" not in m.src.text or "apex" not in m.src.text:
                 continue
             inner = [n for n in walk(m.tree, into_functions=True) if isinstance(n, ast.ImportFrom) and n.module

@@ -341,23 +341,33 @@ class UseRewrites:
             # the step too, under names the plan does not follow: the region starts at the first
             # statement the loss comes from
             return out
-        for s in self.g.seeds:
-            if s.models is None or s.module is not module:
-                continue
+        def names_of(s) -> Set[str]:
             names = set(s.model_names)
             if isinstance(s.stmt, ast.Assign) and not getattr(s, "exported_from", None):
                 names |= set(s.target_names)
             names.discard(None)
+            return names
+
+        if func is not None and not func.is_method and not self.p.references(func) and self.p.callers(func):
+            # a function the seeds' functions hand the model to (`train_one_epoch(model, ...)`;
+            # one `train_model` that several scripts import): the parameter that receives it at
+            # every call, each from a seed's function
+            by_func: Dict[int, Set[str]] = {}
+            for s in self.g.seeds:
+                if s.models is not None and s.func is not None and s.func is not func:
+                    by_func.setdefault(id(s.func.node), set()).update(names_of(s))
+            sites = self.p.callers(func)
+            if all(cs.caller is not None and id(cs.caller.node) in by_func for cs in sites):
+                for pname in [*func.positional, *func.kwonly]:
+                    got = [(cs.argument(pname), by_func[id(cs.caller.node)]) for cs in sites]
+                    if all(a is not None and dotted(a) in names for a, names in got):
+                        out.add(pname)
+        for s in self.g.seeds:
+            if s.models is None or s.module is not module:
+                continue
+            names = names_of(s)
             if s.func is func:
                 out |= names
-            elif func is not None and s.func is not None and not func.is_method and not self.p.references(func) and \
-                    self.p.callers(func) and all(cs.caller is s.func for cs in self.p.callers(func)):
-                # a function the seed's function hands the model to (`train_one_epoch(model, ...)`):
-                # the parameter that receives it at every call
-                for pname in [*func.positional, *func.kwonly]:
-                    got = [cs.argument(pname) for cs in self.p.callers(func)]
-                    if got and all(a is not None and dotted(a) in names for a in got):
-                        out.add(pname)
             elif func is not None and s.func is not None and func.cls is not None and func.cls is s.func.cls:
                 # another method of the seed's class: what the seed's method keeps on self
                 out |= {n for n in names if n.startswith("self.")}
@@ -396,6 +406,8 @@ class UseRewrites:
                     self._steps_elsewhere(u, c, names)
                 continue
             fc = self.fc(u.module)
+            if not self.noscale:
+                self._backwards_before_the_step(u, c, unit, backs, converted)
             self._step_through(u.module, converted, c.expr)
             self._unscale_for_gradient_reads(u, c, unit, backs, converted)
             self._unscale_at_the_step(u, c, unit, backs, converted)
@@ -405,6 +417,46 @@ class UseRewrites:
                     if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
                         anchor = a
                 fc.insert_after(anchor, [f"{c.expr}.update()"])
+
+    def _backwards_before_the_step(self, u: Use, c: Carrier, unit, backs, steps) -> None:
+        """Another ``x.backward()`` between the scaled backward and the step (an adversarial loss,
+        UER-py's FGM/PGD): apex had unscaled the first backward's gradients when its block exited,
+        so this one added true gradients to true ones; GradScaler unscales every gradient at the
+        step, so this one is scaled too (``scaler.scale(x).backward()``), where ``x`` comes from
+        the same model's forward and the optimizer is the group's only one (each seed initializes
+        one).  Otherwise its gradients would shrink by the loss scale: refuse."""
+        inside = {id(n) for b in backs for n in walk(b)}
+
+        def pos(n):
+            return (n.lineno, n.col_offset)
+
+        others = []
+        for n in walk(unit):
+            if not (method_call(n, "backward") and id(n) not in inside):
+                continue
+            st = stmt_of(n)
+            if any(pos(b) < pos(st) and not exclusive(b, st, unit) for b in backs) and any(
+                    pos(st) < pos(stmt_of(x)) and not exclusive(st, stmt_of(x), unit) for x in steps):
+                others.append(n)
+        if not others:
+            return
+        models = self._models(u.module, u.func)
+        single = all(s.optimizers is None or not isinstance(s.optimizers, (ast.List, ast.Tuple))
+                     for s in self.g.seeds if getattr(s, "training", False))
+        code = u.module.src.code
+        fc = self.fc(u.module)
+        for n in others:
+            x = receiver(n)
+            made = [a for a in walk(unit) if isinstance(a, (ast.Assign, ast.AugAssign)) and isinstance(x, ast.Name)
+                    and x.id in assigned(a) and any(calls_model(k, models) for k in walk(a))] if models else []
+            if not (single and made and isinstance(stmt_of(n), ast.Expr)):
+                raise Refuse(f"`{code(n)}` at line {n.lineno} is another backward before the step: apex had unscaled "
+                             "the scaled backward's gradients before it added its own; GradScaler unscales every "
+                             f"gradient at the step, so scale it too (`{c.expr}.scale({code(x)}).backward()`) if its "
+                             "gradients go to the same optimizer, and migrate it by hand")
+            fc.replace(x, f"{c.expr}.scale({code(x)})")
+            self.notes.add(f"`{code(n)}` (another backward before the step) is scaled too: the scaler unscales every "
+                           "gradient at the step, as apex had unscaled the first backward's before it")
 
     @staticmethod
     def _update_anchors(steps, unit) -> List[tuple]:
@@ -1134,14 +1186,19 @@ class UseRewrites:
         if isinstance(p, ast.Assign) and p.value is u.node and len(p.targets) == 1 and u.func is not None:
             # `self.amp = amp`: every use of `self.amp` in the class is an apex use rewritten with
             # this one (model.apex.self_aliases), so the alias goes
-            from ampfix.model.apex import self_aliases
+            from ampfix.model.apex import object_alias_attrs, self_aliases
 
             t = p.targets[0]
-            if isinstance(t, ast.Attribute) and (id(u.func.node), t.attr) in self_aliases(u.module.sem, u.module.tree):
+            on_self = isinstance(t, ast.Attribute) and (id(u.func.node), t.attr) in self_aliases(u.module.sem,
+                                                                                                u.module.tree)
+            on_object = isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
+                t.attr in object_alias_attrs(u.module.sem, u.module.tree)
+            if on_self or on_object:
                 fc = self.fc(u.module)
                 fc.remove(p)
-                # `self.amp = None` where AMP is off goes too: nothing reads self.amp any more
-                cls = u.func.cls
+                # `self.amp = None` where AMP is off goes too: nothing reads self.amp any more (nor
+                # `args.amp`, anywhere in the module)
+                cls = u.func.cls if on_self else u.module.tree
                 for n in (walk(cls, into_functions=True) if cls is not None else []):
                     if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute)
                             and n.targets[0].attr == t.attr and isinstance(n.targets[0].value, ast.Name)

@@ -61,10 +61,33 @@ def canonical(qname: str) -> str:
     return qname
 
 
+def attribute_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
+    """apex's amp kept on an object (:func:`self_aliases`, :func:`object_aliases`), computed once
+    per module."""
+    cached = sem.__dict__.get("_apex_attr_aliases")
+    if cached is None:
+        cached = self_aliases(sem, tree)
+        for k, v in object_aliases(sem, tree).items():
+            cached.setdefault(k, v)
+        sem._apex_attr_aliases = cached
+    return cached
+
+
+def apex_name_of(sem, tree, node) -> Optional[str]:
+    """:func:`apex_qname`, or the apex name of ``self.amp.scale_loss`` / ``args.amp.scale_loss``
+    where the attribute holds apex's amp: what the apex rules report."""
+    q = apex_qname(sem, node)
+    if q is None and isinstance(node, ast.Attribute):
+        aliases = attribute_aliases(sem, tree)
+        if aliases:
+            q = _through_alias(node, aliases)
+    return q
+
+
 def apex_uses(sem, tree) -> List[Tuple[ast.AST, str]]:
     """Each apex reference outside imports: (outermost Name/Attribute, canonical qualified name)."""
     out = []
-    aliases = self_aliases(sem, tree)
+    aliases = attribute_aliases(sem, tree)
     for n in walk(tree, into_functions=True):
         if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(n.ctx, ast.Load):
             continue
@@ -113,6 +136,79 @@ def self_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
             if "apex.amp" in qs and all(q in ("apex.amp", "None") for q in qs):
                 for f in methods:
                     out[(id(f), attr)] = (f.args.args[0].arg, "apex.amp")
+    return out
+
+
+def _method_self(n: ast.Name) -> bool:
+    """Whether the name is the first parameter of the method it is read or set in (``self``)."""
+    f = getattr(n, "_p", None)
+    while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        f = getattr(f, "_p", None)
+    owner = getattr(f, "_p", None) if f is not None else None
+    return isinstance(owner, ast.ClassDef) and bool(f.args.args) and f.args.args[0].arg == n.id
+
+
+def object_alias_attrs(sem, tree) -> Set[str]:
+    """``args.amp = amp``: apex's amp kept on an object that functions hand around (UER-py's and
+    its copies' ``args``), where every value any ``<name>.amp`` is given in the module is apex's
+    amp or None and every read of ``<name>.amp`` calls amp's API on it (``args.amp.scale_loss``):
+    such an attribute names apex's amp wherever it is read (``self`` is :func:`self_aliases`')."""
+    cached = sem.__dict__.get("_apex_object_attrs")
+    if cached is not None:
+        return cached
+    given: Dict[str, List[Optional[str]]] = {}
+    bad: Set[str] = set()
+    read: Set[str] = set()
+    for n in walk(tree, into_functions=True):
+        if not (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)) or _method_self(n.value):
+            continue
+        if isinstance(n.ctx, ast.Store):
+            p = getattr(n, "_p", None)
+            q = None
+            if isinstance(p, ast.Assign) and p.targets == [n]:
+                if isinstance(p.value, (ast.Name, ast.Attribute)):
+                    q = apex_qname(sem, p.value)
+                elif isinstance(p.value, ast.Constant) and p.value.value is None:
+                    q = "None"
+            given.setdefault(n.attr, []).append(q)
+        elif isinstance(n.ctx, ast.Load):
+            p = getattr(n, "_p", None)
+            if not (isinstance(p, ast.Attribute) and p.value is n and p.attr in _AMP_API):
+                bad.add(n.attr)
+            else:
+                read.add(n.attr)
+        else:
+            bad.add(n.attr)
+    out = {a for a, qs in given.items() if a not in bad and "apex.amp" in qs and all(q in ("apex.amp", "None")
+                                                                                      for q in qs)}
+    # a module that only reads it (the scripts that import the shared step set `args.amp = amp`):
+    # an attribute named for amp whose every read calls amp's API, never given a value here
+    out |= {a for a in read - bad - set(given) if "amp" in a.lower()}
+    sem._apex_object_attrs = out
+    return out
+
+
+def object_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
+    """(id of a function, attribute) -> (the object's name there, ``apex.amp``) for each function
+    that reads ``<name>.<attribute>.<amp API>`` where the attribute is one of
+    :func:`object_alias_attrs` (one name per function)."""
+    attrs = object_alias_attrs(sem, tree)
+    out: Dict[Tuple[int, str], Tuple[str, str]] = {}
+    if not attrs:
+        return out
+    seen: Dict[Tuple[int, str], Set[str]] = {}
+    for n in walk(tree, into_functions=True):
+        if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in attrs
+                and isinstance(n.value, ast.Name)) or _method_self(n.value):
+            continue
+        f = getattr(n, "_p", None)
+        while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            f = getattr(f, "_p", None)
+        if f is not None:
+            seen.setdefault((id(f), n.attr), set()).add(n.value.id)
+    for k, names in seen.items():
+        if len(names) == 1:
+            out[k] = (next(iter(names)), "apex.amp")
     return out
 
 

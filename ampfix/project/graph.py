@@ -83,6 +83,8 @@ class Module:
         self.name: Optional[str] = None  # dotted import name, when known
         self.names: Set[str] = set()  # every name it can be imported as
         self._sem: Optional[Model] = None
+        #: the names a ``from <project module> import *`` binds here (set by the project)
+        self.star_lookup = None
         self.functions: Dict[str, Function] = {}
         self.classes: Dict[str, ast.ClassDef] = {}
         self._indexed = False
@@ -96,7 +98,16 @@ class Module:
         if self._sem is None:
             from ampfix.model.analysis import STAR_EXPORTS
 
-            self._sem = Model(self.src.tree, STAR_EXPORTS)
+            stars = STAR_EXPORTS
+            if self.star_lookup is not None:
+                for n in ast.walk(self.src.tree):
+                    if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names):
+                        mod = "." * n.level + (n.module or "")
+                        if mod not in stars:
+                            names = self.star_lookup(self, mod)
+                            if names:
+                                stars = {**stars, mod: names}
+            self._sem = Model(self.src.tree, stars)
         return self._sem
 
     def index(self) -> None:
@@ -209,6 +220,23 @@ class Project:
         return cls({src.path: src}, settings, rules, load_more=False)
 
     # -- modules -----------------------------------------------------------------------------
+    def _star_names(self, module: "Module", mod: str) -> Tuple[str, ...]:
+        """The functions and classes ``from <mod> import *`` binds in ``module``, where ``mod`` is a
+        module of the project (its ``__all__`` where it lists them, else its public defs): so a
+        call of ``train_model`` there is the project's (UER-py's finetune scripts share one
+        ``train_model`` that way).  Imports and other globals it passes on are not followed."""
+        target = self.module_named(self.absolute(module, mod))
+        if target is None or target is module:
+            return ()
+        defs = [n.name for n in target.tree.body if isinstance(n, (FUNC, ast.ClassDef))]
+        listed = None
+        for n in target.tree.body:
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets) \
+                    and isinstance(n.value, (ast.List, ast.Tuple)) and all(
+                        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.value.elts):
+                listed = {e.value for e in n.value.elts}
+        return tuple(d for d in defs if (d in listed if listed is not None else not d.startswith("_")))
+
     def _add(self, path: str, src: Source, editable: bool) -> Optional[Module]:
         if src.tree is None:
             try:
@@ -216,6 +244,7 @@ class Project:
             except SourceError:
                 return None
         m = Module(path, src, editable)
+        m.star_lookup = self._star_names
         self.modules[path] = m
         self.resolved_paths = getattr(self, "resolved_paths", {})
         self.resolved_paths[path] = str(Path(path).resolve())
@@ -303,7 +332,8 @@ class Project:
         module.index()
         sem = module.sem
         if isinstance(func_expr, ast.Name):
-            for b in sem.bindings_of(func_expr):
+            # a def of the module's own shadows what `from x import *` bound before it
+            for b in sorted(sem.bindings_of(func_expr), key=lambda b: b.kind == "star"):
                 if b.kind == "def":
                     f = module.by_node.get(id(b.node))
                     if f is not None:
@@ -335,6 +365,10 @@ class Project:
             if isinstance(base, ast.Name):
                 # a local bound to an instance of a project class
                 for v in sem.values_of(base):
+                    if isinstance(v, ast.Call) and isinstance(v.func, ast.Subscript):
+                        m = self._registry_method(module, v.func, func_expr.attr, depth)
+                        if m is not None:
+                            return m, True
                     if isinstance(v, ast.Call):
                         cls_init, _ = self.resolve(module, v.func, depth + 1)
                         if cls_init is not None and cls_init.cls is not None:
@@ -342,6 +376,33 @@ class Project:
                             if m is not None:
                                 return m, True
         return None, False
+
+    def _registry_method(self, module: Module, sub: ast.Subscript, name: str, depth: int) -> Optional[Function]:
+        """``trainer = str2trainer[args.kind](args)`` where ``str2trainer`` is a dict literal of
+        the project's classes: ``trainer.train`` is their ``train`` when every class has the same
+        one (inherited from their base, UER-py's trainers)."""
+        if not isinstance(sub.value, ast.Name):
+            return None
+        found = None
+        for d in module.sem.values_of(sub.value):
+            if not isinstance(d, ast.Dict) or not d.values:
+                return None
+            for v in d.values:
+                if not isinstance(v, (ast.Name, ast.Attribute)):
+                    return None
+                local = [b.node for b in module.sem.bindings_of(v) if b.kind == "class"] \
+                    if isinstance(v, ast.Name) else []
+                if len(local) == 1:  # a class of this module (with or without an __init__ of its own)
+                    m = self._method(module, local[0], name)
+                else:
+                    init, bound = self.resolve(module, v, depth + 1)
+                    if init is None or init.cls is None or not bound:
+                        return None
+                    m = self._method(init.module, init.cls, name)
+                if m is None or (found is not None and m is not found):
+                    return None
+                found = m
+        return found
 
     @staticmethod
     def absolute(module: Module, qname: str) -> str:

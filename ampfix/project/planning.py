@@ -42,11 +42,14 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, 
             if data is None:
                 continue
         named[real], texts[real] = path, data
-    asked = {str(Path(p).resolve()) for p, _ in jobs if b"apex" in texts.get(str(Path(p).resolve()), b"")}
+    def names_apex(data: bytes) -> bool:  # `args.amp.scale_loss` in a file that imports nothing of apex
+        return b"apex" in data or b"scale_loss" in data
+
+    asked = {str(Path(p).resolve()) for p, _ in jobs if names_apex(texts.get(str(Path(p).resolve()), b""))}
     if not asked:
         return {}
     # the apex files of every part (a part joined with one asked for brings its own)
-    apex = asked | {r for r, data in texts.items() if b"apex" in data}
+    apex = asked | {r for r, data in texts.items() if names_apex(data)}
     root = project_root([p for p, _ in given])
     if parts is None:
         parts = import_components(texts, root)
