@@ -36,6 +36,11 @@ ENTRIES = {
     # a setup that returns (model, optimizers) when training and the model alone otherwise; the
     # loss helper gets the loss terms as a parameter: autocast goes around the callers' forward
     "maker_returns": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"], ["infer.py"]],
+    # apex's amp kept on `args` (`args.amp = amp`) and read by a step the scripts share through
+    # `from common import *` (one shadows it with its own), a trainer picked from a dict by name,
+    # an adversarial second backward before the step (scaled too)
+    "args_amp": [["classify.py", "--epochs", "2"], ["classify.py", "--epochs", "2", "--fp16", "--adv"],
+                 ["regress.py", "--epochs", "2", "--fp16"], ["pretrain.py", "--epochs", "2", "--fp16"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

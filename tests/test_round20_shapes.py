@@ -1,0 +1,182 @@
+"""Twentieth round: apex's amp kept on an object that functions hand around (``args.amp = amp``,
+read as ``args.amp.scale_loss``), a training step shared through ``from common import *``, a
+trainer picked from a dict of classes by name, and a second backward before the step.  The
+runnable golden is fixtures/projects/args_amp."""
+import textwrap
+
+from test_round17_shapes import run, write
+
+COMMON = textwrap.dedent('''\
+    import torch
+
+
+    def train_model(args, model, optimizer, x):
+        optimizer.zero_grad()
+        loss = model(x).sum()
+        if args.fp16:
+            with args.amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+        return loss
+''')
+
+SCRIPT = textwrap.dedent('''\
+    import torch
+
+    from common import *
+
+
+    def main(args):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if args.fp16:
+            from apex import amp
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            args.amp = amp
+        for x in [torch.randn(2, 4, device="cuda")]:
+            train_model(args, model, optimizer, x)
+''')
+
+
+def test_amp_kept_on_args_and_read_by_a_step_a_star_import_shares(tmp_path):
+    write(tmp_path, {"common.py": COMMON, "script.py": SCRIPT})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    common = (tmp_path / "common.py").read_text()
+    script = (tmp_path / "script.py").read_text()
+    assert "def train_model(args, model, optimizer, x, *, scaler):" in common
+    assert "scaler.scale(loss).backward()" in common and "scaler.step(optimizer)" in common
+    assert "args.amp" not in common and "args.amp" not in script and "apex" not in script
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))' in script
+    assert "train_model(args, model, optimizer, x, scaler=scaler)" in script
+    assert "would be rewritten" not in run(tmp_path).output
+
+
+def test_an_args_attribute_that_is_a_flag_is_not_apex(tmp_path):
+    """`args.amp` read as a flag (`if args.amp:`) is a command-line option, not apex's amp: the
+    module's `args.amp.scale_loss` stays unrecognised and the project is not half migrated."""
+    common = COMMON.replace("if args.fp16:", "if args.amp and args.fp16:")
+    write(tmp_path, {"common.py": common, "script.py": SCRIPT})
+    run(tmp_path, "--write")
+    assert (tmp_path / "common.py").read_text() == common
+    assert (tmp_path / "script.py").read_text() == SCRIPT
+
+
+def test_a_def_of_its_own_shadows_the_star_imported_one(tmp_path):
+    own = SCRIPT.replace("def main(args):", textwrap.dedent('''\
+        def train_model(args, model, optimizer, x):
+            return common_step(args, model, optimizer, x)
+
+
+        def main(args):''').rstrip("\n").replace("\n", "\n"), 1)
+    own = own.replace("from common import *", "from common import *\nfrom common import train_model as common_step")
+    write(tmp_path, {"common.py": COMMON, "script.py": own})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    script = (tmp_path / "script.py").read_text()
+    # the script's own train_model hands the scaler on to the shared one
+    assert "def train_model(args, model, optimizer, x, *, scaler):" in script
+    assert "common_step(args, model, optimizer, x, scaler=scaler)" in script
+    assert "train_model(args, model, optimizer, x, scaler=scaler)" in script
+
+
+TRAINERS = textwrap.dedent('''\
+    import torch
+
+
+    class Trainer:
+        def train(self, args, model, optimizer, x):
+            loss = self.forward(model, x)
+            if args.fp16:
+                with args.amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+
+
+    class A(Trainer):
+        def forward(self, model, x):
+            return model(x).sum()
+
+
+    class B(Trainer):
+        def forward(self, model, x):
+            return model(x).mean()
+
+
+    TABLE = {"a": A, "b": B}
+
+
+    def worker(args, kind):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if args.fp16:
+            from apex import amp
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+            args.amp = amp
+        trainer = TABLE[kind]()
+        trainer.train(args, model, optimizer, torch.randn(2, 4, device="cuda"))
+''')
+
+
+def test_a_trainer_picked_from_a_dict_gets_the_scaler_through_the_shared_method(tmp_path):
+    write(tmp_path, {"trainers.py": TRAINERS})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "trainers.py").read_text()
+    assert "def train(self, args, model, optimizer, x, *, scaler):" in text
+    assert 'trainer.train( args, model, optimizer, torch.randn(2, 4, device="cuda"), scaler=scaler )' in \
+        " ".join(text.split())
+    assert "apex" not in text
+
+
+def test_a_dict_of_trainers_that_differ_in_the_method_is_not_followed(tmp_path):
+    text = TRAINERS.replace("    def forward(self, model, x):\n        return model(x).mean()\n",
+                            "    def forward(self, model, x):\n        return model(x).mean()\n\n"
+                            "    def train(self, args, model, optimizer, x):\n        optimizer.step()\n")
+    write(tmp_path, {"trainers.py": text})
+    run(tmp_path, "--write")
+    assert "trainer.train(args, model, optimizer, torch.randn(2, 4, device=\"cuda\"))" in \
+        (tmp_path / "trainers.py").read_text()
+
+
+SECOND = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def main():
+        model = torch.nn.Linear(4, 4).cuda()
+        critic = torch.nn.Linear(4, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = amp.initialize(model, opt, opt_level="O1")
+        for x in [torch.randn(2, 4, device="cuda")]:
+            loss = model(x).sum()
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+            adv = OTHER.sum()
+            adv.backward()
+            opt.step()
+''')
+
+
+def test_a_second_backward_of_the_same_model_before_the_step_is_scaled_too(tmp_path):
+    """apex unscaled the first backward's gradients when its block exited; GradScaler unscales
+    every gradient at the step: the second backward's loss is scaled too."""
+    write(tmp_path, {"train.py": SECOND.replace("OTHER", "model(x * 2)")})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "scaler.scale(loss).backward()" in text and "scaler.scale(adv).backward()" in text
+    assert "scaler.step(opt)" in text
+
+
+def test_a_second_backward_of_another_model_before_the_step_refuses(tmp_path):
+    src = SECOND.replace("OTHER", "critic(x)")
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write")
+    assert "`adv.backward()` at line 15 is another backward before the step" in out.output, out.output
+    assert (tmp_path / "train.py").read_text() == src
