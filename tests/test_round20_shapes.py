@@ -180,3 +180,15 @@ def test_a_second_backward_of_another_model_before_the_step_refuses(tmp_path):
     out = run(tmp_path, "--write")
     assert "`adv.backward()` at line 15 is another backward before the step" in out.output, out.output
     assert (tmp_path / "train.py").read_text() == src
+
+
+def test_with_bfloat16_the_amp_kept_on_args_goes_and_the_switch_is_carried(tmp_path):
+    write(tmp_path, {"common.py": COMMON, "script.py": SCRIPT})
+    out = run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
+    assert out.exit_code == 0, out.output
+    common = (tmp_path / "common.py").read_text()
+    script = (tmp_path / "script.py").read_text()
+    assert "def train_model(args, model, optimizer, x, *, use_amp):" in common
+    assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):' in common
+    assert "loss.backward()" in common and "optimizer.step()" in common and "args.amp" not in common
+    assert "use_amp = bool(args.fp16)" in script and "args.amp" not in script

@@ -1139,9 +1139,11 @@ class UseRewrites:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
         p = getattr(u.node, "_p", None)
-        if self.bf16:
+        if self.bf16 and not self._alias_goes(u, p):
             raise Refuse(f"`apex.amp` is handed over as a value at line {u.line}; with bfloat16 there is no scaler to "
                          "hand over: migrate it by hand")
+        if self.bf16:
+            return
         if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
             call = getattr(p, "_p", None) if isinstance(p, ast.keyword) else p
             f, _ = self.p.resolve(u.module, call.func) if isinstance(call, ast.Call) else (None, False)
@@ -1183,9 +1185,15 @@ class UseRewrites:
                     text = f"({text})"
             self.fc(u.module).replace(node, text)
             return
+        if self._alias_goes(u, p):
+            return
+        raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
+
+    def _alias_goes(self, u: Use, p) -> bool:
+        """``self.amp = amp`` / ``args.amp = amp``: every read of the attribute is an apex use
+        rewritten with this one (model.apex.self_aliases, object_aliases), so the alias goes
+        (with bfloat16 too: the reads become the plain backward)."""
         if isinstance(p, ast.Assign) and p.value is u.node and len(p.targets) == 1 and u.func is not None:
-            # `self.amp = amp`: every use of `self.amp` in the class is an apex use rewritten with
-            # this one (model.apex.self_aliases), so the alias goes
             from ampfix.model.apex import object_alias_attrs, self_aliases
 
             t = p.targets[0]
@@ -1206,8 +1214,8 @@ class UseRewrites:
                             and id(n) not in self.alias_nones):
                         self.alias_nones.add(id(n))
                         fc.remove(n)
-                return
-        raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
+                return True
+        return False
 
 
 def _arithmetic(e) -> bool:
