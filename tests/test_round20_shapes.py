@@ -192,3 +192,20 @@ def test_with_bfloat16_the_amp_kept_on_args_goes_and_the_switch_is_carried(tmp_p
     assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):' in common
     assert "loss.backward()" in common and "optimizer.step()" in common and "args.amp" not in common
     assert "use_amp = bool(args.fp16)" in script and "args.amp" not in script
+
+
+def test_with_bfloat16_a_loss_helper_whose_forward_is_in_the_callers_takes_no_switch(tmp_path):
+    """The helper gets the loss terms; the callers run the forward under autocast: nothing in the
+    helper reads the switch, so it keeps its signature (no unused `use_amp=`), and the callers'
+    autocast says the setup's condition (no flag made for nothing)."""
+    from test_round19_shapes import BACKWARD, INFER, MODELS, TRAIN
+
+    write(tmp_path, {"models.py": MODELS, "backward.py": BACKWARD, "train.py": TRAIN, "infer.py": INFER})
+    out = run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
+    assert out.exit_code == 0, out.output
+    backward = (tmp_path / "backward.py").read_text()
+    train = (tmp_path / "train.py").read_text()
+    assert "def loss_backward(opt, losses, optimizer):" in backward
+    assert "loss.backward()" in backward and "autocast" not in backward and "use_amp" not in backward
+    assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=opt.amp != "O0"):' in train
+    assert "loss_backward(opt, losses, optimizer)" in train and "use_amp" not in train

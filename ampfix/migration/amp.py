@@ -629,7 +629,19 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
     def needs_flag(self) -> bool:
         """bfloat16: whether a use's function reads the AMP switch through what is carried (a
         flag on self, a parameter, a module global), not the seed's own condition."""
-        return any(c is not None and (c.kind != "local" or len(c.seeds) != 1) for _, c in self.g.needs)
+        for u, c in self.g.needs:
+            if c is None:
+                continue
+            if Solver.key(u.module, u.func) in self.no_carrier:
+                # the switch is not carried there: the callers' regions read what they have
+                for cs in c.sites:
+                    cc = self.solver.solve(cs.module, cs.caller)
+                    if cc is None or cc.kind != "local" or len(cc.seeds) != 1:
+                        return True
+                continue
+            if c.kind != "local" or len(c.seeds) != 1:
+                return True
+        return False
 
     def __init__(self, planner: AmpPlanner, g: Group, solver: Solver) -> None:
         super().__init__(planner.p, g)
@@ -659,10 +671,13 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.guarded: Set[int] = set()  # ifs that got `scaler is not None and` first
         self.params_gone: Set[int] = set()  # defs whose apex-amp parameter goes
         self.nones_gone: Set[int] = set()  # `else: amp = None` beside a caller's apex import, removed
+        #: bfloat16: functions (solver keys) that the AMP switch is not carried to (carriers_not_read)
+        self.no_carrier: Set[object] = set()
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:
         g = self.g
+        self.no_carrier = self.carriers_not_read() if self.bf16 else set()
         training = [s for s in g.seeds if s.training]
         for s in g.seeds:
             if isinstance(s, SwitchSeed):

@@ -168,6 +168,8 @@ class CarrierRewrites:
     def _carriers(self) -> None:
         """Parameters and call sites that bring the scaler where it is used."""
         todo = [c for _, c in self.g.needs if c is not None]
+        no_carrier = getattr(self, "no_carrier", set())
+        dropped = {id(c) for u, c in self.g.needs if c is not None and Solver.key(u.module, u.func) in no_carrier}
         seen = set()
         kept = set()
         while todo:
@@ -183,6 +185,11 @@ class CarrierRewrites:
                     kept.add(id(init.node))
                     self._keep_in_init(init)
             if c.kind != "param":
+                continue
+            if id(c) in dropped:
+                # bfloat16, the switch read only in the callers' regions: not carried in
+                todo.extend(cc for cc in (self.solver.solve(cs.module, cs.caller) for cs in c.sites)
+                            if cc is not None)
                 continue
             entry = getattr(c, "entry", None)
             if entry is not None and id(entry.node) not in self.param_added:

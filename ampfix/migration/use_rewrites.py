@@ -136,29 +136,76 @@ class UseRewrites:
     def _collapse(self, u: Use, w: ast.With, loss_code: str):
         """``if fp16: <scaled backward ...> else: <loss.backward() ...>`` becomes the scaled path
         alone when the else branch is its fp32 twin; returns the statement the backward is in now."""
+        got = self._collapse_target(u, w, loss_code)
+        if got is None:
+            return w
+        gd, scaled = got
+        fc = self.fc(u.module)
+        fc.unwrap(gd, scaled)
+        fc.touched.add(id(gd))
+        return gd
+
+    def _collapse_target(self, u: Use, w: ast.With, loss_code: str):
+        """(the ``if``, its scaled branch) when :meth:`_collapse` collapses it; else None."""
         gd = getattr(w, "_p", None)
         if not (isinstance(gd, ast.If) and gd.orelse):
-            return w
+            return None
         # `if fp16: <scaled> else: <fp32>`, or mirrored: `if fp32: <fp32> else: <scaled>`
         if any(x is w for x in gd.body):
             scaled, twin = gd.body, gd.orelse
         elif any(x is w for x in gd.orelse) and not (len(gd.orelse) == 1 and isinstance(gd.orelse[0], ast.If)):
             scaled, twin = gd.orelse, gd.body
         else:
-            return w
+            return None
         if not any(isinstance(x, ast.Expr) and method_call(x.value, "backward") and
                    u.module.src.code(receiver(x.value)) == loss_code for x in twin):
-            return w
+            return None
         # every statement of the twin must be the twin of one in the scaled branch: the backward, a clip
         body_kinds = [self._kind(x, u.module) for x in scaled if x is not w and not self._apex_import(x, u.module)]
         else_kinds = [self._kind(x, u.module) for x in twin if not (
             isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
         if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
-            return w
-        fc = self.fc(u.module)
-        fc.unwrap(gd, scaled)
-        fc.touched.add(id(gd))
-        return gd
+            return None
+        return gd, scaled
+
+    def _region_in_callers(self, u: Use) -> bool:
+        """Whether :meth:`_plan_region` will put this scaled backward's autocast region in the
+        callers (the loss is a parameter, rescaled or derived only): decided before anything is
+        rewritten, for :meth:`carriers_not_read`."""
+        func = u.func
+        call = u.call
+        item = getattr(call, "_p", None) if call is not None else None
+        w = getattr(item, "_p", None)
+        loss = arg(call, "loss", 0) if call is not None else None
+        if func is None or loss is None or not (isinstance(item, ast.withitem) and isinstance(w, ast.With)):
+            return False
+        if not self.p.callers(func) or self.p.references(func):
+            return False
+        got = self._collapse_target(u, w, u.module.src.code(loss))
+        site = got[0] if got is not None else w
+        if self._under_autocast(site):
+            return False
+        barriers = [s.stmt for s in self.g.seeds if s.module is u.module]
+        region, missing = forward_region(site, loss, func.node, barriers, self._models(u.module, func))
+        if region is not None:
+            return self._only_rescales(region, loss, func) or _only_derives(region, func, u.module) is not None
+        return len(missing & (set(func.positional) | set(func.kwonly))) == 1
+
+    def carriers_not_read(self) -> Set[object]:
+        """bfloat16: the functions whose scaled backwards all take their loss from the callers,
+        whose forward passes (and so their autocast regions) are there: nothing in the function
+        reads the AMP switch, so it does not come in as a parameter (``loss_backward(opt, losses,
+        optimizer)`` stays as it was)."""
+        by_key: Dict[object, list] = {}
+        for u, c in self.g.needs:
+            by_key.setdefault(self._key(u), []).append((u, c))
+        out = set()
+        for key, items in by_key.items():
+            if all(u.kind == "scale_loss" and c is not None and c.kind == "param" and not getattr(c, "rename", None)
+                   and not getattr(c, "entry", None) for u, c in items) and \
+                    all(self._region_in_callers(u) for u, _ in items):
+                out.add(key)
+        return out
 
     def _plan_region(self, u: Use, c: Carrier, site, loss) -> None:
         """The autocast region of the forward pass that computes ``loss``: before the scaled
@@ -179,6 +226,9 @@ class UseRewrites:
                 # `loss = sum(torch.mean(x) for x in losses)` of a parameter `losses`: the same
                 region, missing = None, {derived_from}
         if region is not None:
+            if self._key(u) in self.no_carrier:
+                raise Refuse(f"the autocast region of the scaled backward at line {u.line} was planned in the callers "
+                             "and then found in its function: migrate it by hand (please report it)")
             if any(self._under_autocast(x) for x in region.stmts):
                 return
             self._add_region(u.module, region.block, region.first, region.last, header)
