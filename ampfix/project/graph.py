@@ -509,7 +509,12 @@ class Project:
         if not self._unread:
             return
         pat = re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
+        # a file read since (resolving an import loads it): it is a module already, never twice
+        loaded = set(getattr(self, "resolved_paths", {}).values())
         for r, p in list(self._unread.items()):
+            if r in loaded:
+                del self._unread[r]
+                continue
             data = self._unread_text.get(r)
             if data is None:
                 try:
