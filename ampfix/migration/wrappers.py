@@ -33,7 +33,12 @@ class WrapperSteps:
         (then planned here); False where no such call is there.  Refuses where one is, but
         the method cannot be changed safely."""
         m = u.module
-        inner = [n for n in names if "." in n and not n.startswith("self.")]
+        # `net, opt = amp.initialize(net, optim.optim)` then `optim.optim = opt`: the scaled `opt`
+        # is the wrapper's inner optimizer again (CoinCheung/BiSeNet's fp16 script)
+        handed_back = {dotted(x.targets[0]) for x in walk(unit) if isinstance(x, ast.Assign) and len(x.targets) == 1
+                       and isinstance(x.targets[0], ast.Attribute) and isinstance(x.value, ast.Name)
+                       and x.value.id in names}
+        inner = sorted(n for n in names | handed_back if n and "." in n and not n.startswith("self."))
         calls = []
         for name in inner:
             base, attr = name.rsplit(".", 1)
