@@ -172,6 +172,8 @@ def test_a_second_backward_of_the_same_model_before_the_step_is_scaled_too(tmp_p
     text = (tmp_path / "train.py").read_text()
     assert "scaler.scale(loss).backward()" in text and "scaler.scale(adv).backward()" in text
     assert "scaler.step(opt)" in text
+    # its forward ran in float16 under apex's O1 too: it gets autocast
+    assert 'with torch.autocast("cuda", dtype=torch.float16):\n            adv = model(x * 2).sum()' in text
 
 
 def test_a_second_backward_of_another_model_before_the_step_refuses(tmp_path):

@@ -507,6 +507,14 @@ class UseRewrites:
             fc.replace(x, f"{c.expr}.scale({code(x)})")
             self.notes.add(f"`{code(n)}` (another backward before the step) is scaled too: the scaler unscales every "
                            "gradient at the step, as apex had unscaled the first backward's before it")
+            # its forward pass ran in float16 under apex (O1 patched every call): autocast too
+            st = stmt_of(n)
+            barriers = [s.stmt for s in self.g.seeds if s.module is u.module]
+            r, _ = forward_region(st, x, unit, barriers, models)
+            if r is not None and not any(self._under_autocast(y) for y in [st, *r.stmts]) and \
+                    any(calls_model(k, models) for y in r.stmts for k in walk(y)):
+                self._add_region(u.module, r.block, r.first, r.last,
+                                 autocast_call(self.s, self._autocast_enabled(u.module, u.func, c)))
 
     @staticmethod
     def _update_anchors(steps, unit) -> List[tuple]:
