@@ -211,3 +211,19 @@ def test_with_bfloat16_a_loss_helper_whose_forward_is_in_the_callers_takes_no_sw
     assert "loss.backward()" in backward and "autocast" not in backward and "use_amp" not in backward
     assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=opt.amp != "O0"):' in train
     assert "loss_backward(opt, losses, optimizer)" in train and "use_amp" not in train
+
+
+def test_an_amp_named_attribute_read_only_for_its_state_is_not_apex(tmp_path):
+    """`trainer.amp_scaler.state_dict()` in a module that never sets it could be a GradScaler:
+    only a `scale_loss` read (no GradScaler has one) makes such an attribute apex's amp."""
+    from ampfix.cli import main
+    from click.testing import CliRunner
+
+    src = "def save(trainer, ckpt):\n    ckpt['scaler'] = trainer.amp_scaler.state_dict()\n    return ckpt\n"
+    write(tmp_path, {"ckpt.py": src, "other.py": "import apex\n"})
+    out = CliRunner().invoke(main, ["check", "--select", "AMP1", str(tmp_path / "ckpt.py")])
+    assert "AMP101" not in out.output, out.output
+    write(tmp_path, {"step.py": "def step(args, loss, opt):\n    with args.amp.scale_loss(loss, opt) as s:\n"
+                                "        s.backward()\n"})
+    out = CliRunner().invoke(main, ["check", "--select", "AMP1", str(tmp_path / "step.py")])
+    assert "AMP101" in out.output and "apex.amp.scale_loss" in out.output, out.output

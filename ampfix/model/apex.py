@@ -175,14 +175,15 @@ def object_alias_attrs(sem, tree) -> Set[str]:
             p = getattr(n, "_p", None)
             if not (isinstance(p, ast.Attribute) and p.value is n and p.attr in _AMP_API):
                 bad.add(n.attr)
-            else:
+            elif p.attr == "scale_loss":
                 read.add(n.attr)
         else:
             bad.add(n.attr)
     out = {a for a, qs in given.items() if a not in bad and "apex.amp" in qs and all(q in ("apex.amp", "None")
                                                                                       for q in qs)}
     # a module that only reads it (the scripts that import the shared step set `args.amp = amp`):
-    # an attribute named for amp whose every read calls amp's API, never given a value here
+    # an attribute named for amp whose every read calls amp's API, `scale_loss` among them (no
+    # GradScaler has one), never given a value here
     out |= {a for a in read - bad - set(given) if "amp" in a.lower()}
     sem._apex_object_attrs = out
     return out
