@@ -227,3 +227,23 @@ def test_an_amp_named_attribute_read_only_for_its_state_is_not_apex(tmp_path):
                                 "        s.backward()\n"})
     out = CliRunner().invoke(main, ["check", "--select", "AMP1", str(tmp_path / "step.py")])
     assert "AMP101" in out.output and "apex.amp.scale_loss" in out.output, out.output
+
+
+def test_a_scripts_own_folder_comes_first_for_its_imports(tmp_path):
+    """`from model import Net` beside a `model.py` is that file, even where a `model` package of
+    the project is the only `model` read so far (the DDP planner joined a script with an unrelated
+    apex subclass that way, and a second run then rewrote what the first had kept)."""
+    from ampfix.model.settings import Settings
+    from ampfix.model.source import Source
+    from ampfix.project.graph import Project
+
+    write(tmp_path, {"tools/run.py": "from model import Net\n", "tools/model.py": "class Net: pass\n",
+                     "pkg/model/__init__.py": "import apex\n"})
+    files = [tmp_path / "tools" / "run.py", tmp_path / "pkg" / "model" / "__init__.py"]
+    project = Project({str(f): Source(f.read_bytes(), str(f)) for f in files}, Settings(), root=tmp_path,
+                      given=[str(f) for f in files])
+    run_py = project.modules[str(files[0])]
+    assert project.loaded_named("model") is project.modules[str(files[1])]
+    beside, found = project.module_beside(run_py, "model")
+    assert beside and found is None  # tools/model.py: not read, and not the package
+    assert project.module_beside(run_py, "nothing_here") == (False, None)

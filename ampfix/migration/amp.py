@@ -804,8 +804,21 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         """``amp.scale_loss`` where ``amp`` is bound by nothing in its scope, in a module that
         imports apex's amp only inside a function (``Trainer.__init__``): the fp16 path raised
         NameError there.  The reason to give instead of "never used with amp.scale_loss"."""
-        for path in sorted(self.g.paths):  # the group's modules: another script's bug is not this one's
-            m = self.p.modules[path]
+        # the group's modules and what they import (the trainer module a script hands its model
+        # to): another script's bug is not this one's
+        mods = [self.p.modules[p] for p in sorted(self.g.paths)]
+        for m in list(mods):
+            for imp in m.sem.imports:
+                mod = imp.module if isinstance(imp, ast.ImportFrom) else None
+                names = [a.name for a in imp.names] if isinstance(imp, ast.Import) else \
+                    ([self.p.absolute(m, "." * imp.level + mod)] if mod else [])
+                for name in names:
+                    # only modules read already: a refusal's wording reads no more files
+                    beside, other = self.p.module_beside(m, name)
+                    other = other if beside else self.p.loaded_named(name)
+                    if other is not None and all(other is not x for x in mods):
+                        mods.append(other)
+        for m in mods:
             if "scale_loss" not in m.src.text or "apex" not in m.src.text:
                 continue
             inner = [n for n in walk(m.tree, into_functions=True) if isinstance(n, ast.ImportFrom) and n.module

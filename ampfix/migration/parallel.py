@@ -96,7 +96,9 @@ def _components(project, modules) -> Dict[int, int]:
         out = edges.setdefault(id(m), set())
         for imp in m.sem.imports:
             for name in _imported_names(project, m, imp):
-                other = project.module_named(name)
+                beside, other = project.module_beside(m, name)
+                if not beside:
+                    other = project.module_named(name)
                 if other is not None and other is not m:
                     out.add(id(other))
 

@@ -225,7 +225,9 @@ class Project:
         module of the project (its ``__all__`` where it lists them, else its public defs): so a
         call of ``train_model`` there is the project's (UER-py's finetune scripts share one
         ``train_model`` that way).  Imports and other globals it passes on are not followed."""
-        target = self.module_named(self.absolute(module, mod))
+        # only a module read already (a file that names apex is): looking further would read
+        # files in an order that changes what other names resolve to
+        target = self.loaded_named(self.absolute(module, mod))
         if target is None or target is module:
             return ()
         defs = [n.name for n in target.tree.body if isinstance(n, (FUNC, ast.ClassDef))]
@@ -285,6 +287,30 @@ class Project:
         if m is None and len(self.modules) == missing[0]:
             missing[1].add(name)
         return m
+
+    def module_beside(self, module: "Module", name: str) -> Tuple[bool, Optional["Module"]]:
+        """(whether a file for the absolute dotted ``name`` lies in ``module``'s own folder, the
+        module read for it if any): a script's folder comes first on ``sys.path``, so
+        ``from model import Seq2Seq`` beside a ``model.py`` is that file, whatever other
+        ``model`` package the project has."""
+        folder = Path(module.path).resolve().parent
+        parts = name.split(".")
+        for cand in (folder.joinpath(*parts).with_suffix(".py"), folder.joinpath(*parts, "__init__.py")):
+            if cand.is_file():
+                real = str(cand.resolve())
+                resolved = getattr(self, "resolved_paths", {})
+                return True, next((mm for pth, mm in self.modules.items()
+                                   if (resolved.get(pth) or str(Path(pth).resolve())) == real), None)
+        return False, None
+
+    def loaded_named(self, name: str) -> Optional[Module]:
+        """The one module read so far whose path ends like the dotted name; None if none or several."""
+        parts = name.split(".")
+        tails = ("/" + "/".join(parts) + ".py", "/" + "/".join(parts) + "/__init__.py")
+        resolved = getattr(self, "resolved_paths", {})
+        hits = [mm for pth, mm in self.modules.items()
+                if (resolved.get(pth) or str(Path(pth).resolve())).endswith(tails)]
+        return hits[0] if len(hits) == 1 else None
 
     def _module_named(self, name: str) -> Optional[Module]:
         parts = name.split(".")
