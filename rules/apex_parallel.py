@@ -1,3 +1,5 @@
+import ast
+
 from typing import Optional
 
 from ampfix.migration.parallel import ddp_uses, decide, plan as ddp_plan
@@ -115,6 +117,21 @@ class ApexParallel(ApexRule):
             expected="""
             import torch
             model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=953.67431640625)
+            """,
+        ),
+        Invalid(
+            # the dropped argument's own local goes with it (imaginaire's trainer utils)
+            """
+            import torch
+            import apex
+            def wrap(model, cfg):
+                delay_allreduce = cfg.delay_allreduce
+                return apex.parallel.DistributedDataParallel(model, delay_allreduce=delay_allreduce)
+            """,
+            expected="""
+            import torch
+            def wrap(model, cfg):
+                return torch.nn.parallel.DistributedDataParallel(model)
             """,
         ),
         Invalid("from apex.parallel import DistributedDataParallel as DDP\nisinstance(m, DDP)\n",
@@ -248,6 +265,35 @@ class ApexParallel(ApexRule):
                        [self.edits.replace(node, func)], add_imports=add, remove_imports=remove)
         return self._fix_call(node, call, qname)
 
+    def _dropped_locals(self, call, values) -> list:
+        """``delay_allreduce = cfg.trainer.delay_allreduce`` just before the call, read by the
+        dropped argument alone (imaginaire's trainer utils): the assignment goes with it."""
+        out = []
+        st = self.parent(call)
+        while st is not None and not isinstance(st, ast.stmt):
+            st = self.parent(st)
+        block = None
+        owner = self.parent(st) if st is not None else None
+        for field in ("body", "orelse", "finalbody"):
+            seq = getattr(owner, field, None)
+            if isinstance(seq, list) and any(x is st for x in seq):
+                block = seq
+        if block is None:
+            return out
+        i = next(k for k, x in enumerate(block) if x is st)
+        prev = block[i - 1] if i > 0 else None
+        for v in values:
+            if not (isinstance(v, ast.Name) and isinstance(prev, ast.Assign) and len(prev.targets) == 1
+                    and isinstance(prev.targets[0], ast.Name) and prev.targets[0].id == v.id
+                    and isinstance(prev.value, (ast.Name, ast.Attribute, ast.Constant))):
+                continue
+            binds = [b for b in self.sem.bindings_of(v)]
+            reads = [n for n in ast.walk(self.module) if isinstance(n, ast.Name) and n.id == v.id
+                     and isinstance(n.ctx, ast.Load) and any(b in self.sem.bindings_of(n) for b in binds)]
+            if len(binds) == 1 and reads == [v]:
+                out.append(self.edits.remove_statement(prev))
+        return out
+
     def _fix_call(self, node, call, qname):
         if call is None or has_star(call):
             return None
@@ -281,5 +327,6 @@ class ApexParallel(ApexRule):
             edits = [self.edits.replace(call.func, func)]
         else:
             edits = [self.edits.replace(call, f"{func}({', '.join(args)})")]
+            edits += self._dropped_locals(call, [v for k, v in kws.items() if k in DDP_KEEP])
         desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
         return Fix(desc, edits, add_imports=add, remove_imports=remove)

@@ -247,3 +247,32 @@ def test_a_scripts_own_folder_comes_first_for_its_imports(tmp_path):
     beside, found = project.module_beside(run_py, "model")
     assert beside and found is None  # tools/model.py: not read, and not the package
     assert project.module_beside(run_py, "nothing_here") == (False, None)
+
+
+def test_initialize_targets_the_function_never_reads_again_are_not_reassigned(tmp_path):
+    """YOLOX: `model, optimizer = amp.initialize(model, self.optimizer)` where the local
+    `optimizer` is never read (apex patched self.optimizer in place): nothing is left of it."""
+    src = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        class Trainer:
+            def setup(self, model, fp16):
+                self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                if fp16:
+                    model, optimizer = amp.initialize(model, self.optimizer, opt_level="O1")
+                self.model = model
+
+            def step(self, x):
+                loss = self.model(x).sum()
+                with amp.scale_loss(loss, self.optimizer) as scaled:
+                    scaled.backward()
+                self.optimizer.step()
+    ''')
+    write(tmp_path, {"trainer.py": src})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "trainer.py").read_text()
+    assert "optimizer = self.optimizer" not in text and "if fp16:" not in text
+    assert "self.scaler = torch.amp.GradScaler(\"cuda\", enabled=bool(fp16))" in text

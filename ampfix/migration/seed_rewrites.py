@@ -779,6 +779,13 @@ class SeedRewrites:
         snames = [code(e) for e in src]
         if len(tnames) == len(snames):
             pairs = [(t, v) for t, v in zip(tnames, snames) if t != v and t != "_"]
+            if s.func is not None:
+                # a local the function never reads again (YOLOX: `model, optimizer = amp.initialize(
+                # model, self.optimizer)`, apex patching self.optimizer in place): nothing to receive
+                read = {n.id for n in walk(s.func.node, into_functions=True)
+                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                declared = {x for n in walk(s.func.node) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
+                pairs = [(t, v) for t, v in pairs if not t.isidentifier() or t in read or t in declared]
             if not pairs:
                 return []
             return [f"{', '.join(t for t, _ in pairs)} = {', '.join(v for _, v in pairs)}"]
