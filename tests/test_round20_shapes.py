@@ -276,3 +276,51 @@ def test_initialize_targets_the_function_never_reads_again_are_not_reassigned(tm
     text = (tmp_path / "trainer.py").read_text()
     assert "optimizer = self.optimizer" not in text and "if fp16:" not in text
     assert "self.scaler = torch.amp.GradScaler(\"cuda\", enabled=bool(fp16))" in text
+
+
+OBJECTIVES = textwrap.dedent('''\
+    import torch
+
+
+    def fit(models, optimizers, loader, fp16):
+        if fp16:
+            from apex import amp
+
+            for i in range(len(models)):
+                model, optimizer = amp.initialize(models[i], optimizers[i], opt_level="O1")
+                models[i] = model
+                optimizers[i] = optimizer
+        for x in loader:
+            for i in range(len(models)):
+                model, optimizer = models[i], optimizers[i]
+                loss = model(x).sum()
+                if fp16:
+                    with amp.scale_loss(loss, optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+                optimizer.step()
+''')
+
+
+def test_a_loop_that_only_initialized_apex_per_objective_goes(tmp_path):
+    """sentence-transformers: once initialize goes, `models[i] = model` only writes back what was
+    read: the write-backs go, the loop that is left doing nothing goes, and the `if` with it."""
+    write(tmp_path, {"fit.py": OBJECTIVES})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "fit.py").read_text()
+    assert "models[i] = model" not in text and "optimizers[i] = optimizer" not in text
+    assert text.count("for i in range(len(models)):") == 1 and "pass" not in text
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))' in text
+    assert "scaler.scale(loss).backward()" in text and "scaler.step(optimizer)" in text
+
+
+def test_a_loop_whose_variable_is_read_after_it_stays(tmp_path):
+    src = OBJECTIVES.replace("    for x in loader:", "    print(i)\n    for x in loader:", 1)
+    assert src != OBJECTIVES
+    write(tmp_path, {"fit.py": src})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "fit.py").read_text()
+    # `i` keeps the loop's last value for the print: the loop stays (with nothing but `pass`)
+    assert text.count("for i in range(len(models)):") == 2

@@ -35,6 +35,16 @@ def pure(expr) -> bool:
                for n in [expr, *walk(expr)])
 
 
+def _counts_only(expr) -> bool:
+    """``range(len(xs))``, ``enumerate(xs)``, ``zip(a, b)``, a name: iterating it runs no code of
+    the project's (nothing is lost with a loop that does nothing)."""
+    if isinstance(expr, (ast.Name, ast.Attribute, ast.Constant)):
+        return True
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and \
+        expr.func.id in ("range", "len", "enumerate", "zip") and not expr.keywords and \
+        all(_counts_only(a) for a in expr.args)
+
+
 def checks_for_apex(expr) -> bool:
     """A test that only asks whether apex is installed (``is_apex_available()``,
     ``importlib.util.find_spec("apex") is not None``, ``has_apex``): the ``if`` of an apex import
@@ -347,7 +357,31 @@ class Remover:
                 return False
             self._check_handlers(owner)
             return True
+        if isinstance(owner, ast.For) and field == "body" and not owner.orelse:
+            # `for i in range(len(models)):` whose body went (sentence-transformers' loop that
+            # initialized apex once per objective): counting does nothing, when the loop's
+            # names are read nowhere else
+            return _counts_only(owner.iter) and not self._read_outside(owner)
         return False
+
+    def _read_outside(self, loop: ast.For) -> bool:
+        names = {n.id for n in [loop.target, *walk(loop.target)] if isinstance(n, ast.Name)}
+        if not isinstance(loop.target, (ast.Name, ast.Tuple)) or not names:
+            return True
+        inside = {id(n) for n in walk(loop, into_functions=True)}
+        scope = loop
+        while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            scope = getattr(scope, "_p", None)
+        # a read inside another loop that binds the name again reads that loop's value
+        rebound = {id(n) for other in walk(scope, into_functions=True)
+                   if isinstance(other, (ast.For, ast.AsyncFor, ast.comprehension)) and other is not loop
+                   and names & {t.id for t in [other.target, *walk(other.target)] if isinstance(t, ast.Name)}
+                   for part in ([other.body, other.orelse] if not isinstance(other, ast.comprehension) else
+                                [[getattr(other, "_p", None)]])
+                   for x in part if x is not None for n in [x, *walk(x, into_functions=True)]}
+        return scope is None or any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names
+                                    and id(n) not in inside and id(n) not in rebound
+                                    for n in walk(scope, into_functions=True))
 
     def _check_handlers(self, t) -> None:
         """The handlers of a try that goes are dead code: what they bind must not be read

@@ -9,7 +9,8 @@ from ampfix.model.apex import apex_value_condition
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned_in, code_body, guards, is_main_guard, read, stmt_of, terminates,
+    ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, read, stmt_of,
+    terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
@@ -786,12 +787,67 @@ class SeedRewrites:
                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
                 declared = {x for n in walk(s.func.node) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
                 pairs = [(t, v) for t, v in pairs if not t.isidentifier() or t in read or t in declared]
+                pairs = self._without_write_backs(s, pairs)
             if not pairs:
                 return []
             return [f"{', '.join(t for t, _ in pairs)} = {', '.join(v for _, v in pairs)}"]
         if len(tnames) == 1 and len(snames) > 1:
             return [f"{tnames[0]} = {', '.join(snames)}"]
         raise Refuse(f"amp.initialize at line {s.use.line} assigns {len(tnames)} names from {len(snames)} values")
+
+    def _without_write_backs(self, s: Seed, pairs):
+        """``model, optimizer = amp.initialize(models[i], optimizers[i])`` followed by
+        ``models[i] = model; optimizers[i] = optimizer`` (sentence-transformers' loop over its
+        objectives): once initialize goes, each pair only writes a value back where it came
+        from; the pair and its write-back go (a loop left empty goes with them), where the local
+        is read by nothing else in the function."""
+        _, _, block = block_of(s.stmt)
+        i = next((k for k, x in enumerate(block) if x is s.stmt), None)
+        if i is None:
+            return pairs
+        code = s.module.src.code
+        unit = s.func.node
+        end = s.stmt.end_lineno
+
+        def dead_after(t: str, back) -> bool:
+            """Every later read of ``t`` comes after a new assignment that always runs first; no
+            read before the seed runs again in a loop around it."""
+            stores = [x for x in walk(unit) if isinstance(x, ast.stmt) and x is not back and x.lineno > end
+                      and t in assigned(x)]
+            around = loops_around(s.stmt, unit)
+            for n in walk(unit, into_functions=True):
+                if not (isinstance(n, ast.Name) and n.id == t and isinstance(n.ctx, ast.Load)) or n is back.value:
+                    continue
+                if n.lineno <= end:
+                    if any(any(n is y for y in walk(lp)) for lp in around):
+                        return False
+                    continue
+                if not any(dominates(a, n) for a in stores):
+                    return False
+            return True
+        # the statements right after it that write a pair's target back where its value came from
+        following = []
+        for x in block[i + 1:]:
+            if not (isinstance(x, ast.Assign) and len(x.targets) == 1 and isinstance(x.value, ast.Name)
+                    and (x.value.id, code(x.targets[0])) in pairs):
+                break
+            following.append(x)
+        kept, backs = [], []
+        for t, v in pairs:
+            back = next((x for x in following if x.value.id == t and code(x.targets[0]) == v), None)
+            if back is not None and t.isidentifier() and dead_after(t, back):
+                backs.append(back)
+            else:
+                kept.append((t, v))
+        if kept and backs:  # all or nothing: a half-kept unpacking reads worse than the original
+            return pairs
+        gone = getattr(self, "write_backs_gone", set())
+        self.write_backs_gone = gone
+        for b in backs:
+            if id(b) not in gone:
+                gone.add(id(b))
+                self.fc(s.module).remove(b)
+        return kept
 
     def _pure_fp16(self, s: Seed) -> None:
         """O3: the model itself in float16, and apex's cast of floating-point inputs kept as a
