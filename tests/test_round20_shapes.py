@@ -324,3 +324,31 @@ def test_a_loop_whose_variable_is_read_after_it_stays(tmp_path):
     text = (tmp_path / "fit.py").read_text()
     # `i` keeps the loop's last value for the print: the loop stays (with nothing but `pass`)
     assert text.count("for i in range(len(models)):") == 2
+
+
+def test_with_bfloat16_a_closure_reads_the_setups_condition_and_no_flag_is_made(tmp_path):
+    """ignite's benchmark: the step is a closure of the function that initialized apex; its
+    autocast says the setup's condition, so no `use_amp = ...` is made for nothing."""
+    src = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        def run(model, optimizer, loader, opt):
+            model, optimizer = amp.initialize(model, optimizer, opt_level=opt)
+
+            def train_step(batch):
+                loss = model(batch).sum()
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+
+            for batch in loader:
+                train_step(batch)
+    ''')
+    write(tmp_path, {"bench.py": src})
+    out = run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "bench.py").read_text()
+    assert "use_amp" not in text
+    assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=opt != "O0"):' in text
