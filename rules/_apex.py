@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 from ampfix.engine.tidy import Remover
 from ampfix.model.analysis import STAR_EXPORTS, import_spec
-from ampfix.model.apex import apex_name_of, replacement_for
+from ampfix.model.apex import MARKERS, apex_name_of, replacement_for
 from ampfix.model.semantic import base_name, walk
 from ampfix.rule import Fix, ImportSpec, Rule
 
@@ -21,7 +21,7 @@ class ApexRule(Rule):
     prefix: str = "apex"
     #: prefixes handled by a more specific apex rule (for the catch-all)
     others: Tuple[str, ...] = ()
-    triggers = ("apex", "scale_loss")
+    triggers = MARKERS
 
     def apex_name(self, node) -> Optional[str]:
         q = apex_name_of(self.sem, self.sem.tree, node)

@@ -5,6 +5,7 @@ from typing import Optional
 from ampfix.migration.parallel import ddp_uses, decide, plan as ddp_plan
 from ampfix.model.analysis import has_star, kwargs, number_value
 from ampfix.model.apex import APEX_DDP as DDP, apex_ddp_call_changes, maybe_not_apex
+from ampfix.model.semantic import block_of
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -269,25 +270,16 @@ class ApexParallel(ApexRule):
         """``delay_allreduce = cfg.trainer.delay_allreduce`` just before the call, read by the
         dropped argument alone (imaginaire's trainer utils): the assignment goes with it."""
         out = []
-        st = self.parent(call)
-        while st is not None and not isinstance(st, ast.stmt):
-            st = self.parent(st)
-        block = None
-        owner = self.parent(st) if st is not None else None
-        for field in ("body", "orelse", "finalbody"):
-            seq = getattr(owner, field, None)
-            if isinstance(seq, list) and any(x is st for x in seq):
-                block = seq
-        if block is None:
-            return out
-        i = next(k for k, x in enumerate(block) if x is st)
+        st = next((a for a in self.ancestors(call) if isinstance(a, ast.stmt)), None)
+        _, _, block = block_of(st) if st is not None else (None, None, [])
+        i = next((k for k, x in enumerate(block) if x is st), 0)
         prev = block[i - 1] if i > 0 else None
         for v in values:
             if not (isinstance(v, ast.Name) and isinstance(prev, ast.Assign) and len(prev.targets) == 1
                     and isinstance(prev.targets[0], ast.Name) and prev.targets[0].id == v.id
                     and isinstance(prev.value, (ast.Name, ast.Attribute, ast.Constant))):
                 continue
-            binds = [b for b in self.sem.bindings_of(v)]
+            binds = self.sem.bindings_of(v)
             reads = [n for n in ast.walk(self.module) if isinstance(n, ast.Name) and n.id == v.id
                      and isinstance(n.ctx, ast.Load) and any(b in self.sem.bindings_of(n) for b in binds)]
             if len(binds) == 1 and reads == [v]:

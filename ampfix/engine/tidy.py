@@ -372,16 +372,19 @@ class Remover:
         scope = loop
         while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             scope = getattr(scope, "_p", None)
-        # a read inside another loop that binds the name again reads that loop's value
-        rebound = {id(n) for other in walk(scope, into_functions=True)
-                   if isinstance(other, (ast.For, ast.AsyncFor, ast.comprehension)) and other is not loop
-                   and names & {t.id for t in [other.target, *walk(other.target)] if isinstance(t, ast.Name)}
-                   for part in ([other.body, other.orelse] if not isinstance(other, ast.comprehension) else
-                                [[getattr(other, "_p", None)]])
-                   for x in part if x is not None for n in [x, *walk(x, into_functions=True)]}
-        return scope is None or any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names
-                                    and id(n) not in inside and id(n) not in rebound
-                                    for n in walk(scope, into_functions=True))
+        if scope is None:
+            return True
+        # a read inside another loop (or comprehension) that binds the name again reads its value
+        rebound: Set[int] = set()
+        for other in walk(scope, into_functions=True):
+            if other is loop or not isinstance(other, (ast.For, ast.AsyncFor, ast.comprehension)):
+                continue
+            if names & {t.id for t in [other.target, *walk(other.target)] if isinstance(t, ast.Name)}:
+                where = [getattr(other, "_p", None)] if isinstance(other, ast.comprehension) else \
+                    [*other.body, *other.orelse]
+                rebound |= {id(n) for x in where if x is not None for n in [x, *walk(x, into_functions=True)]}
+        return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names
+                   and id(n) not in inside and id(n) not in rebound for n in walk(scope, into_functions=True))
 
     def _check_handlers(self, t) -> None:
         """The handlers of a try that goes are dead code: what they bind must not be read

@@ -31,7 +31,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import bf16, description
 from ampfix.rule import ImportSpec
-from ampfix.model.apex import apex_uses
+from ampfix.model.apex import apex_uses, names_apex
 from ampfix.model.semantic import block_of, dotted, walk
 from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.placement import CarrierRewrites, Solver
@@ -77,7 +77,7 @@ class AmpPlanner:
     def groups(self) -> List[Group]:
         uses: List[Use] = []
         for m in list(self.p.modules.values()):
-            if "apex" not in m.src.text and "scale_loss" not in m.src.text:  # `args.amp.scale_loss` too
+            if not names_apex(m.src.text):
                 continue
             skip = getattr(self.p, "skip", set())
             for node, q in apex_uses(m.sem, m.tree):
@@ -672,6 +672,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.guarded: Set[int] = set()  # ifs that got `scaler is not None and` first
         self.params_gone: Set[int] = set()  # defs whose apex-amp parameter goes
         self.nones_gone: Set[int] = set()  # `else: amp = None` beside a caller's apex import, removed
+        self.write_backs_gone: Set[int] = set()  # `models[i] = model` after an initialize that went
         #: bfloat16: functions (solver keys) that the AMP switch is not carried to (carriers_not_read)
         self.no_carrier: Set[object] = set()
 
@@ -810,13 +811,9 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         mods = [self.p.modules[p] for p in sorted(self.g.paths)]
         for m in list(mods):
             for imp in m.sem.imports:
-                mod = imp.module if isinstance(imp, ast.ImportFrom) else None
-                names = [a.name for a in imp.names] if isinstance(imp, ast.Import) else \
-                    ([self.p.absolute(m, "." * imp.level + mod)] if mod else [])
-                for name in names:
+                for name in self.p.imported_names(m, imp):
                     # only modules read already: a refusal's wording reads no more files
-                    beside, other = self.p.module_beside(m, name)
-                    other = other if beside else self.p.loaded_named(name)
+                    other = self.p.imported_module(m, name, read_more=False)
                     if other is not None and all(other is not x for x in mods):
                         mods.append(other)
         for m in mods:

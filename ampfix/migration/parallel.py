@@ -95,10 +95,8 @@ def _components(project, modules) -> Dict[int, int]:
     for m in list(project.modules.values()):
         out = edges.setdefault(id(m), set())
         for imp in m.sem.imports:
-            for name in _imported_names(project, m, imp):
-                beside, other = project.module_beside(m, name)
-                if not beside:
-                    other = project.module_named(name)
+            for name in project.imported_names(m, imp):
+                other = project.imported_module(m, name)
                 if other is not None and other is not m:
                     out.add(id(other))
 
@@ -127,12 +125,3 @@ def _components(project, modules) -> Dict[int, int]:
                 parent[find(id(a))] = find(id(b))
     return {id(m): find(id(m)) for m in mods}
 
-
-def _imported_names(project, module, imp) -> List[str]:
-    """The dotted module names an import statement may load (a relative one made absolute)."""
-    if isinstance(imp, ast.Import):
-        return [a.name for a in imp.names]
-    base = project.absolute(module, "." * imp.level + (imp.module or ""))
-    if not base:
-        return []
-    return [base, *(f"{base}.{a.name}" for a in imp.names if a.name != "*")]

@@ -841,11 +841,9 @@ class SeedRewrites:
                 kept.append((t, v))
         if kept and backs:  # all or nothing: a half-kept unpacking reads worse than the original
             return pairs
-        gone = getattr(self, "write_backs_gone", set())
-        self.write_backs_gone = gone
         for b in backs:
-            if id(b) not in gone:
-                gone.add(id(b))
+            if id(b) not in self.write_backs_gone:
+                self.write_backs_gone.add(id(b))
                 self.fc(s.module).remove(b)
         return kept
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
 from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
-from ampfix.model.apex import param_aliases, param_may_be_none
+from ampfix.model.apex import object_alias_attrs, param_aliases, param_may_be_none, self_aliases
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
@@ -1197,11 +1197,11 @@ class UseRewrites:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
         p = getattr(u.node, "_p", None)
-        if self.bf16 and not self._alias_goes(u, p):
+        if self.bf16:
+            if self._alias_goes(u, p):
+                return
             raise Refuse(f"`apex.amp` is handed over as a value at line {u.line}; with bfloat16 there is no scaler to "
                          "hand over: migrate it by hand")
-        if self.bf16:
-            return
         if isinstance(p, ast.keyword) or (isinstance(p, ast.Call) and u.node in p.args):
             call = getattr(p, "_p", None) if isinstance(p, ast.keyword) else p
             f, _ = self.p.resolve(u.module, call.func) if isinstance(call, ast.Call) else (None, False)
@@ -1252,8 +1252,6 @@ class UseRewrites:
         rewritten with this one (model.apex.self_aliases, object_aliases), so the alias goes
         (with bfloat16 too: the reads become the plain backward)."""
         if isinstance(p, ast.Assign) and p.value is u.node and len(p.targets) == 1 and u.func is not None:
-            from ampfix.model.apex import object_alias_attrs, self_aliases
-
             t = p.targets[0]
             on_self = isinstance(t, ast.Attribute) and (id(u.func.node), t.attr) in self_aliases(u.module.sem,
                                                                                                 u.module.tree)

@@ -61,6 +61,18 @@ def canonical(qname: str) -> str:
     return qname
 
 
+#: words in a file that make it one to look at for apex: its name, and amp's `scale_loss`
+#: (``args.amp.scale_loss`` in a module that imports nothing of apex)
+MARKERS = ("apex", "scale_loss")
+
+
+def names_apex(text) -> bool:
+    """Whether a file's text (str or bytes) may use apex (:data:`MARKERS`)."""
+    if isinstance(text, bytes):
+        return any(m.encode() in text for m in MARKERS)
+    return any(m in text for m in MARKERS)
+
+
 def attribute_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
     """apex's amp kept on an object (:func:`self_aliases`, :func:`object_aliases`), computed once
     per module."""
@@ -139,11 +151,17 @@ def self_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
     return out
 
 
-def _method_self(n: ast.Name) -> bool:
-    """Whether the name is the first parameter of the method it is read or set in (``self``)."""
-    f = getattr(n, "_p", None)
+def _enclosing_def(node):
+    """The function definition ``node`` lies in, or None at module level."""
+    f = getattr(node, "_p", None)
     while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
         f = getattr(f, "_p", None)
+    return f
+
+
+def _method_self(n: ast.Name) -> bool:
+    """Whether the name is the first parameter of the method it is read or set in (``self``)."""
+    f = _enclosing_def(n)
     owner = getattr(f, "_p", None) if f is not None else None
     return isinstance(owner, ast.ClassDef) and bool(f.args.args) and f.args.args[0].arg == n.id
 
@@ -202,9 +220,7 @@ def object_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
         if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr in attrs
                 and isinstance(n.value, ast.Name)) or _method_self(n.value):
             continue
-        f = getattr(n, "_p", None)
-        while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            f = getattr(f, "_p", None)
+        f = _enclosing_def(n)
         if f is not None:
             seen.setdefault((id(f), n.attr), set()).add(n.value.id)
     for k, names in seen.items():
@@ -223,9 +239,7 @@ def _through_alias(node: ast.Attribute, aliases) -> Optional[str]:
     if not isinstance(n, ast.Name) or not chain:
         return None
     attr, rest = chain[-1], list(reversed(chain[:-1]))
-    f = getattr(node, "_p", None)
-    while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        f = getattr(f, "_p", None)
+    f = _enclosing_def(node)
     hit = aliases.get((id(f), attr)) if f is not None else None
     if hit is None or hit[0] != n.id:
         return None

@@ -99,7 +99,7 @@ class Module:
             from ampfix.model.analysis import STAR_EXPORTS
 
             stars = STAR_EXPORTS
-            if self.star_lookup is not None:
+            if self.star_lookup is not None and "*" in self.src.text:
                 for n in ast.walk(self.src.tree):
                     if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names):
                         mod = "." * n.level + (n.module or "")
@@ -288,6 +288,11 @@ class Project:
             missing[1].add(name)
         return m
 
+    def _real_paths(self):
+        """(resolved path, module) of every module read so far."""
+        resolved = getattr(self, "resolved_paths", {})
+        return [(resolved.get(pth) or str(Path(pth).resolve()), mm) for pth, mm in self.modules.items()]
+
     def module_beside(self, module: "Module", name: str) -> Tuple[bool, Optional["Module"]]:
         """(whether a file for the absolute dotted ``name`` lies in ``module``'s own folder, the
         module read for it if any): a script's folder comes first on ``sys.path``, so
@@ -298,31 +303,40 @@ class Project:
         for cand in (folder.joinpath(*parts).with_suffix(".py"), folder.joinpath(*parts, "__init__.py")):
             if cand.is_file():
                 real = str(cand.resolve())
-                resolved = getattr(self, "resolved_paths", {})
-                return True, next((mm for pth, mm in self.modules.items()
-                                   if (resolved.get(pth) or str(Path(pth).resolve())) == real), None)
+                return True, next((mm for r, mm in self._real_paths() if r == real), None)
         return False, None
 
     def loaded_named(self, name: str) -> Optional[Module]:
-        """The one module read so far whose path ends like the dotted name; None if none or several."""
+        """The one module read so far whose path ends like the dotted name (the run's root may be
+        below the folder Python imports it from); None if none or several."""
         parts = name.split(".")
         tails = ("/" + "/".join(parts) + ".py", "/" + "/".join(parts) + "/__init__.py")
-        resolved = getattr(self, "resolved_paths", {})
-        hits = [mm for pth, mm in self.modules.items()
-                if (resolved.get(pth) or str(Path(pth).resolve())).endswith(tails)]
+        hits = [mm for r, mm in self._real_paths() if r.endswith(tails)]
         return hits[0] if len(hits) == 1 else None
+
+    def imported_names(self, module: "Module", imp) -> List[str]:
+        """The dotted module names an import statement may load (a relative one made absolute)."""
+        if isinstance(imp, ast.Import):
+            return [a.name for a in imp.names]
+        base = self.absolute(module, "." * imp.level + (imp.module or ""))
+        if not base:
+            return []
+        return [base, *(f"{base}.{a.name}" for a in imp.names if a.name != "*")]
+
+    def imported_module(self, module: "Module", name: str, read_more: bool = True) -> Optional["Module"]:
+        """The module ``module`` gets by importing the dotted ``name``: the file in its own folder
+        first, else by name (``read_more=False``: only among the modules read already)."""
+        beside, found = self.module_beside(module, name)
+        if beside:
+            return found
+        return self.module_named(name) if read_more else self.loaded_named(name)
 
     def _module_named(self, name: str) -> Optional[Module]:
         parts = name.split(".")
-        # a module read already whose path ends like the dotted name (the run's root may be
-        # below the folder Python imports it from)
-        tails = ("/" + "/".join(parts) + ".py", "/" + "/".join(parts) + "/__init__.py")
-        resolved = getattr(self, "resolved_paths", {})
-        hits = [mm for pth, mm in self.modules.items()
-                if (resolved.get(pth) or str(Path(pth).resolve())).endswith(tails)]
-        if len(hits) == 1:
-            self.by_name[name] = hits[0]
-            return hits[0]
+        hit = self.loaded_named(name)
+        if hit is not None:
+            self.by_name[name] = hit
+            return hit
         if not self.load_more:
             return None
         for root in self.roots:
@@ -330,8 +344,7 @@ class Project:
                 if cand.is_file():
                     key = self.given.get(str(cand.resolve()), str(cand))
                     real = str(cand.resolve())
-                    known = next((mm for pth, mm in self.modules.items()
-                                  if (resolved.get(pth) or str(Path(pth).resolve())) == real), None)
+                    known = next((mm for r, mm in self._real_paths() if r == real), None)
                     if known is not None:
                         self.by_name[name] = known
                         return known

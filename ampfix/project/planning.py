@@ -7,6 +7,7 @@ from typing import Dict
 
 from ampfix.engine.check import try_rewrite
 from ampfix.io.files import read_bytes
+from ampfix.model.apex import names_apex
 from ampfix.model.source import Source, SourceError
 from ampfix.project.graph import Project
 from ampfix.project.parts import import_components, project_root
@@ -42,9 +43,6 @@ def plan_projects(jobs, settings, planners, given=None, runner=None, read=None, 
             if data is None:
                 continue
         named[real], texts[real] = path, data
-    def names_apex(data: bytes) -> bool:  # `args.amp.scale_loss` in a file that imports nothing of apex
-        return b"apex" in data or b"scale_loss" in data
-
     asked = {str(Path(p).resolve()) for p, _ in jobs if names_apex(texts.get(str(Path(p).resolve()), b""))}
     if not asked:
         return {}
