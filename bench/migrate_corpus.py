@@ -6,8 +6,8 @@
 For each repository a copy is migrated with ``migrate --write``; then every module that used
 apex.amp or an FP16_Optimizer is classified: *migrated* (no such use left) or *refused* (with
 the reason ampfix gives).  Also recorded for every written file: whether it compiles, whether a
-second ``migrate`` changes anything (it must not), which self-check problems (AMP203-207,
-AMP211, AMP212) appear that the original did not have, and host syncs the rewrite added
+second ``migrate`` changes anything (it must not), which self-check problems (AMP106, AMP203-207,
+AMP211-214) appear that the original did not have, and host syncs the rewrite added
 (``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
 A migrated module is *right* when its file compiles, adds no self-check problem, no host sync
 no call of a GradScaler method on a name that is also bound to None with no test of it around
@@ -36,7 +36,7 @@ SYNCS = (".get_scale()", ".item()", ".cpu()", ".tolist()", "to_python_float(")
 
 AMP = ("AMP101",)
 FP16 = ("AMP102",)
-SELF = ("AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212")
+SELF = ("AMP106", "AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212", "AMP213", "AMP214")
 
 
 def unused_scalers(text: str) -> list:

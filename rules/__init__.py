@@ -7,6 +7,7 @@ from ampfix.rules.apex_optimizers import ApexOptimizers
 from ampfix.rules.apex_other import ApexOther
 from ampfix.rules.apex_parallel import ApexParallel
 from ampfix.rules.apex_uninitialized import ApexUninitialized
+from ampfix.rules.backward_after_unscale import BackwardAfterUnscale
 from ampfix.rules.backward_in_autocast import BackwardInAutocast
 from ampfix.rules.clip_scaled_grads import ClipScaledGrads
 from ampfix.rules.conv_bias_bn import ConvBiasBeforeBn
@@ -56,6 +57,7 @@ RULES = [
     StepBypassesScaler,
     ScalerUpdate,
     UnscaleOnce,
+    BackwardAfterUnscale,
     ClipScaledGrads,
     BackwardInAutocast,
     ManualHalf,

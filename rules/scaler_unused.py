@@ -139,6 +139,8 @@ class ScalerUnused(Rule):
         autocast = "autocast" in text
         for call, names in made:
             used = [r for name in names for r in reads.get(name, [])]
+            if not used and _inherited_reads(call, names):
+                continue
             if not used:
                 self.report(call, "a GradScaler that nothing uses: mixed precision was dropped here (no scaled "
                                   "backward, no autocast); remove it or use it")
@@ -152,6 +154,17 @@ class ScalerUnused(Rule):
             if scales and not passed and not autocast and not half:
                 self.report(call, "a GradScaler with no autocast region and no float16 model in this module: "
                                   "every op still runs in float32; wrap the forward pass in torch.autocast")
+
+
+def _inherited_reads(call, names) -> bool:
+    """``self.scaler = GradScaler(...)`` in a class with a base class: the base (or a class between)
+    may be what reads it (nnUNet: a subclass's ``_maybe_init_amp`` makes the scaler that the base's
+    ``run_iteration`` uses), which this module does not show."""
+    cls = getattr(call, "_p", None)
+    while cls is not None and not isinstance(cls, ast.ClassDef):
+        cls = getattr(cls, "_p", None)
+    return cls is not None and any(n.startswith("self.") for n in names) and any(
+        dotted(b) not in (None, "object") for b in cls.bases)
 
 
 def _scales_a_parameter(ref) -> bool:

@@ -41,6 +41,11 @@ ENTRIES = {
     # an adversarial second backward before the step (scaled too)
     "args_amp": [["classify.py", "--epochs", "2"], ["classify.py", "--epochs", "2", "--fp16", "--adv"],
                  ["regress.py", "--epochs", "2", "--fp16"], ["pretrain.py", "--epochs", "2", "--fp16"]],
+    # apex's amp None where apex is missing (`amp is not None` folds), AMP set up in a base class's
+    # method for a grandchild's step, an attack helper's scaled backward for its input's gradient,
+    # and `amp.initialize(..., **amp_args)` from a dict with a key set under a condition
+    "attack_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"],
+                       ["train.py", "--epochs", "2", "--robust", "--fp16"], ["fast.py", "--epochs", "1"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
 }

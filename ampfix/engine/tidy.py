@@ -447,7 +447,36 @@ def removal_of_unused(src: Source, model: Model, specs: Iterable, builder: Optio
             whole, partial = _unused_imports(model, specs, uses, trial.removed)
             whole += _read_only_by_tests_that_go(model, whole, uses, trial)
     edits = [b.replace(stmt, _import_text(stmt, keep, src)) for stmt, keep in partial]
+    whole = whole + _nones_of_gone_imports(model, whole, partial, uses)
     return edits + remover.remove(whole) if whole else edits
+
+
+def _nones_of_gone_imports(model: Model, whole, partial, uses) -> List[ast.stmt]:
+    """``try: from apex import amp; from apex.parallel import DDP / except ImportError: amp = None``
+    where only ``amp``'s import goes: the handler's ``amp = None`` goes with it when nothing reads
+    ``amp`` any more (a try that loses all its imports is :func:`dead_import_guards`' to unwrap)."""
+    gone: Dict[int, Set[str]] = {}
+    for stmt in whole:
+        gone.setdefault(id(getattr(stmt, "_p", None)), set()).update(
+            (a.asname or a.name).split(".")[0] for a in stmt.names)
+    for stmt, keep in partial:
+        kept = {(a.asname or a.name).split(".")[0] for a in keep}
+        gone.setdefault(id(getattr(stmt, "_p", None)), set()).update(
+            (a.asname or a.name).split(".")[0] for a in stmt.names if (a.asname or a.name).split(".")[0] not in kept)
+    out = []
+    for t in walk(model.tree, into_functions=True):
+        if not isinstance(t, ast.Try) or id(t) not in gone:
+            continue
+        if not any(isinstance(x, (ast.Import, ast.ImportFrom)) and x not in whole for x in t.body):
+            continue  # the whole guard goes: dead_import_guards unwraps it
+        names = gone[id(t)] - names_bound(x for x in t.body if x not in whole)
+        for h in t.handlers:
+            for x in h.body:
+                if isinstance(x, ast.Assign) and len(x.targets) == 1 and isinstance(x.targets[0], ast.Name) and \
+                        x.targets[0].id in names and isinstance(x.value, ast.Constant) and x.value.value is None \
+                        and not uses.get(x.targets[0].id):
+                    out.append(x)
+    return out
 
 
 def _unused_imports(model: Model, specs, uses, gone) -> Tuple[List[ast.stmt], List[tuple]]:

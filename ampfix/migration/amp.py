@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import arg, has_star, is_const
+from ampfix.model.analysis import arg, has_star, is_const, spread_kwargs
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.flow import (
     stmt_of,
@@ -41,7 +41,7 @@ from ampfix.migration.wrappers import WrapperSteps
 from ampfix.migration.switches import SwitchSeed, built_by_configuration, find_switches, handed_to_framework
 
 from ampfix.migration.rewriter import Rewriter, param_of, returned_after, returns_in
-from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check
+from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, NOTES, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check
 
 
 
@@ -115,10 +115,15 @@ class AmpPlanner:
                 need.append((u, None))
         seeds, solver, need = self._switched(seeds, need, solver, bad_seeds, name)
         # a function that only some callers reach with a scaler may only save or load its state
+        # (the seeds that do reach it stay with it: their group is refused with it, or the group
+        # would migrate while this use keeps calling apex, which nothing initializes any more)
+        reached_by: Dict[int, Set[int]] = {}
         for i, (u, c) in enumerate(need):
             if c is not None and getattr(c, "optional", None) and u.kind not in ("state_dict", "load_state_dict"):
                 solver.why.setdefault(Solver.key(u.module, u.func), c.optional)
                 need[i] = (u, None)
+                if c.seeds:
+                    reached_by[id(u)] = set(c.seeds)
         # union the seeds that share a function
         parent = {s.idx: s.idx for s in seeds}
 
@@ -184,6 +189,10 @@ class AmpPlanner:
             if c is not None:
                 g = by_root[find(min(c.seeds))]
                 g.needs.append((u, c))
+                g.add_use(u.module.path, u.node)
+            elif id(u) in reached_by:
+                g = by_root[find(min(reached_by[id(u)]))]
+                g.refusal = g.refusal or self._orphan_reason(u, solver)
                 g.add_use(u.module.path, u.node)
             else:
                 key = u.module.path
@@ -502,7 +511,8 @@ class AmpPlanner:
         if call is None:
             raise Refuse(f"`{s.use.qname}` at line {s.use.line} is used other than by calling it")
         if has_star(call):
-            raise Refuse(f"amp.{s.use.kind} at line {s.use.line} has arguments that cannot be read")
+            self._spread(s)
+            call = s.call
         if s.use.kind == "init":
             s.training = False
             return
@@ -519,6 +529,25 @@ class AmpPlanner:
             s.training = False
 
     @staticmethod
+    def _spread(s: Seed) -> None:
+        """``amp.initialize(model, opt, **amp_args)`` with ``amp_args`` built by the statements right
+        before it: the seed reads the options from the dict, and those statements go with it.
+        A key that only a condition sets must be one whose value changes nothing native."""
+        why = f"amp.{s.use.kind} at line {s.use.line} has arguments that cannot be read"
+        sp = spread_kwargs(s.call, s.stmt, s.unit)
+        if sp is None:
+            raise Refuse(why)
+        odd = sorted(k for k in sp.conditional if k not in NOTES)
+        if odd:
+            raise Refuse(f"amp.{s.use.kind} at line {s.use.line} takes {odd[0]!r} from a dict that sets it only "
+                         f"under a condition (line {sp.statements[0].lineno}): migrate it by hand")
+        call = ast.Call(func=s.call.func, args=s.call.args, keywords=sp.keywords)
+        ast.copy_location(call, s.call)
+        call._p = getattr(s.call, "_p", None)
+        s.call = call
+        s.spread = sp.statements
+
+    @staticmethod
     def _unpacked(s: Seed) -> None:
         """``inits = amp.initialize(model, optimizers=optimizer, ...)`` unpacked by the statement
         right after it: ``model, optimizer = inits``, or (NVIDIA's BERT scripts and their copies)
@@ -527,7 +556,7 @@ class AmpPlanner:
         are the unpacked names, and the unpacking goes with it.  ``inits`` read anywhere else
         leaves the seed as it is."""
         st = s.stmt
-        if not (isinstance(st, ast.Assign) and st.value is s.call and len(st.targets) == 1
+        if not (isinstance(st, ast.Assign) and st.value is s.use.call and len(st.targets) == 1
                 and isinstance(st.targets[0], ast.Name)):
             return
         name = st.targets[0].id
@@ -667,6 +696,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.reads_after_calls: List[tuple] = []
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
+        self.installed_folded: Set[int] = set()  # tests of whether apex is installed, folded
         self.made_before: Dict[tuple, dict] = {}  # (path, id of the statement, target) -> the scaler made there
         self.twins: Set[str] = set()  # modules where a model initialized beside the trained one went
         self.guarded: Set[int] = set()  # ifs that got `scaler is not None and` first
@@ -698,6 +728,9 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 self._install_checks_go(s)
             if getattr(s, "unpack", None) is not None and id(s.stmt) in self.fc(s.module).touched:
                 self.fc(s.module).remove(s.unpack)
+            if getattr(s, "spread", None) and id(s.stmt) in self.fc(s.module).touched:
+                for x in s.spread:
+                    self.fc(s.module).remove(x)
         training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)]
         scaled_by = set()
         for u, c in g.needs:

@@ -62,7 +62,7 @@ class Solver:
             return Carrier("global", {s.idx for s in top}, self.name)
         if func.cls is not None and func.is_method:
             same = [s for s in self.seeds if s.training and s.func is not None and s.func.cls is not None
-                    and s.func.is_method and self._related(s.func, func)]
+                    and s.func.is_method and self.related(s.func, func)]
             if same:
                 return Carrier("self", {s.idx for s in same}, "self." + self.name)
 
@@ -149,12 +149,16 @@ class Solver:
         carrier.via_init = (init, c)
         return carrier
 
-    def _related(self, a, b) -> bool:
-        """Methods of one class, or of a class and its project base."""
+    def related(self, a, b) -> bool:
+        """Methods of one class, or of a class and its project base; or, further up, methods one
+        of whose classes inherits the other (``self`` is one object in both: nnUNet's
+        ``NetworkTrainer._maybe_init_amp`` and a grandchild's ``run_iteration``)."""
         if a.cls is b.cls:
             return True
-        return any(isinstance(x, ast.Name) and x.id == a.cls.name for x in b.cls.bases) or any(
-            isinstance(x, ast.Name) and x.id == b.cls.name for x in a.cls.bases)
+        if any(isinstance(x, ast.Name) and x.id == a.cls.name for x in b.cls.bases) or any(
+                isinstance(x, ast.Name) and x.id == b.cls.name for x in a.cls.bases):
+            return True
+        return self.p.method(b.module, b.cls, a.node.name) is a or self.p.method(a.module, a.cls, b.node.name) is b
 
     @staticmethod
     def _binds(func, name: str) -> bool:

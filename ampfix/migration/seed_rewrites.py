@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
-from ampfix.model.apex import apex_value_condition
+from ampfix.model.apex import apex_value_condition, fold_installed
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
@@ -50,7 +50,22 @@ def fold_conditions(module, around, folded, negated, enabled: str) -> str:
     for gd in [a for a in around if any(a is x for x in folded) or any(a is n for n in negated)]:
         if cond == "False":
             break
-        if any(gd is n for n in negated):
+        neg = any(gd is n for n in negated)
+        try:
+            # `if amp is not None:` of `try: from apex import amp / except ImportError: amp = None`:
+            # whether apex is installed; native AMP always is
+            f = fold_installed(module.sem, module.src.code, gd.test)
+        except ValueError:
+            raise Refuse(f"line {gd.lineno}: the test reads apex's amp, which is None where apex is not installed, "
+                         "other than as `amp is None` / `amp is not None`: migrate it by hand")
+        if isinstance(f, bool):
+            if f == neg:
+                cond = "False"
+            continue
+        if isinstance(f, str):
+            text = f"not ({f})" if neg else f
+            cond = conj(as_bool(text, ast.parse(text, mode="eval").body), cond)
+        elif neg:
             cond = conj(as_bool(negate(module.src, gd.test), ast.UnaryOp(op=ast.Not(), operand=gd.test)), cond)
         else:
             cond = conj(as_bool(module.src.code(gd.test), gd.test), cond)
@@ -757,9 +772,9 @@ class SeedRewrites:
         the arguments themselves)."""
         assign = s.stmt
         code = s.module.src.code
-        if isinstance(assign, ast.Expr) and assign.value is s.call:
+        if isinstance(assign, ast.Expr) and assign.value is s.use.call:
             return []
-        if not (isinstance(assign, ast.Assign) and assign.value is s.call and len(assign.targets) == 1):
+        if not (isinstance(assign, ast.Assign) and assign.value is s.use.call and len(assign.targets) == 1):
             raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
         target = (s.unpack or assign).targets[0]
         # `amp.initialize(model, None, ...)` returns the model alone, as with no optimizers at all

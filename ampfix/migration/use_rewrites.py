@@ -9,7 +9,9 @@ from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
 from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
-from ampfix.model.apex import object_alias_attrs, param_aliases, param_may_be_none, self_aliases
+from ampfix.model.apex import (
+    fold_installed, installed_test, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
+)
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
     ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
@@ -23,6 +25,26 @@ from ampfix.migration.seeds import (
     CLIP_SCALED_HELPER, SCALER_STATE_HELPER, UNSCALED_GRADS_HELPER, Carrier, Use, calls_model,
 )
 from ampfix.migration.switches import SwitchSeed, framework_autocast, low_mmcv_floors
+
+
+def _input_leaves(unit) -> Set[str]:
+    """Names of tensors the function marks as needing a gradient (``delta.requires_grad = True``,
+    ``delta.requires_grad_()``, ``noise = Variable(x, requires_grad=True)``, ``delta =
+    torch.zeros_like(x, requires_grad=True)``, ``d = x.clone().requires_grad_()``): inputs whose
+    ``.grad`` is theirs, not a parameter's."""
+    leaves: Set[str] = set()
+    for n in walk(unit):
+        if isinstance(n, ast.Assign) and is_const(n.value, True):
+            leaves |= {t.value.id for t in n.targets if isinstance(t, ast.Attribute) and t.attr == "requires_grad"
+                       and isinstance(t.value, ast.Name)}
+        elif method_call(n, "requires_grad_") and isinstance(receiver(n), ast.Name):
+            leaves.add(receiver(n).id)
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and (
+                is_const(kwargs(n.value).get("requires_grad"), True)
+                or (method_call(n.value, "requires_grad_") and not n.value.args
+                    and not is_const(kwargs(n.value).get("requires_grad"), False))):
+            leaves |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return leaves
 
 
 class UseRewrites:
@@ -160,6 +182,13 @@ class UseRewrites:
         if not any(isinstance(x, ast.Expr) and method_call(x.value, "backward") and
                    u.module.src.code(receiver(x.value)) == loss_code for x in twin):
             return None
+        # `if opt is not None: <scaled> else: loss.backward()` (fast_adversarial's attack, given
+        # an optimizer when training and none when evaluating): the test is not AMP's switch, so
+        # the plain branch runs with AMP on too, and stays
+        opt = arg(u.call, "optimizers", 1) if u.call is not None else None
+        held = {dotted(e) for e in (opt.elts if isinstance(opt, (ast.Tuple, ast.List)) else [opt])} - {None}
+        if held & {dotted(n) for n in walk(gd.test) if isinstance(n, (ast.Name, ast.Attribute))}:
+            return None
         # every statement of the twin must be the twin of one in the scaled branch: the backward, a clip
         body_kinds = [self._kind(x, u.module) for x in scaled if x is not w and not self._apex_import(x, u.module)]
         else_kinds = [self._kind(x, u.module) for x in twin if not (
@@ -226,6 +255,7 @@ class UseRewrites:
                 # `loss = sum(torch.mean(x) for x in losses)` of a parameter `losses`: the same
                 region, missing = None, {derived_from}
         if region is not None:
+            self._trim_backward_calls(u.module, region)
             if self._key(u) in self.no_carrier:
                 raise Refuse(f"the autocast region of the scaled backward at line {u.line} was planned in the callers "
                              "and then found in its function: migrate it by hand (please report it)")
@@ -241,6 +271,33 @@ class UseRewrites:
                          f"{u.line}: wrap its forward pass in {header} by hand")
         param = next(iter(missing_params))
         self._regions_in_callers(u, func, param)
+
+    def _trim_backward_calls(self, module, region) -> None:
+        """Leading statements of a region that call a project function running a backward of its
+        own (an attack helper that takes its input's gradient: ``delta = attack(model, x, y, opt)``)
+        stay out of the caller's region: the helper has its own, and a backward under autocast
+        is what AMP207 warns of.  So do the plain statements between them and the forward."""
+        def runs_backward(st) -> bool:
+            for n in walk(st):
+                if isinstance(n, ast.Call):
+                    f, _ = self.p.resolve(module, n.func)
+                    if f is not None and any(method_call(x, "backward") for x in walk(f.node)):
+                        return True
+            return False
+
+        k = region.first
+        last_helper = None
+        while k < region.last:
+            st = region.block[k]
+            if runs_backward(st):
+                last_helper = k
+            elif not (isinstance(st, ast.Expr) and method_call(st.value, "zero_grad")) and last_helper is None:
+                break
+            elif not (isinstance(st, ast.Expr) and method_call(st.value, "zero_grad")):
+                break
+            k += 1
+        if last_helper is not None:
+            region.first = k
 
     def _outer_region(self, u: Use, func, unit, region, missing: Set[str], barriers, header: str) -> None:
         """The loss computed inside a branch from what the forward pass before the branch made
@@ -413,6 +470,12 @@ class UseRewrites:
                     if all(a is not None and dotted(a) in names for a, names in got):
                         out.add(pname)
         for s in self.g.seeds:
+            if s.models is not None and s.module is not module and func is not None and func.cls is not None and \
+                    s.func is not None and s.func.cls is not None and self.solver.related(func, s.func):
+                # a subclass's setup (nnUNet's `_maybe_init_amp` with O2) initializes what a base
+                # class's method trains (`run_iteration`), or the other way round: what it keeps on self
+                out |= {n for n in names_of(s) if n.startswith("self.")}
+                continue
             if s.models is None or s.module is not module:
                 continue
             names = names_of(s)
@@ -452,6 +515,11 @@ class UseRewrites:
             converted = [s for s in steps if follows(stmt_of(s), backs, unit)]
             self.steps_of[key] = converted
             if not converted:
+                if not steps and self._input_gradient(unit, backs):
+                    self.notes.add("a scaled backward for an input's gradient (an attack's `delta.grad`) steps nothing: "
+                                   "the scaler scales it as apex did; the step that follows unscales the "
+                                   "parameters' gradients at the same scale")
+                    continue
                 if not self._steps_through_wrapper(u, c, names, unit, backs, key):
                     self._steps_elsewhere(u, c, names)
                 continue
@@ -467,6 +535,22 @@ class UseRewrites:
                     if isinstance(a, (ast.For, ast.AsyncFor)) and u.module.src.code(receiver(last)) in self._targets(a):
                         anchor = a
                 fc.insert_after(anchor, [f"{c.expr}.update()"])
+
+    @staticmethod
+    def _input_gradient(unit, backs) -> bool:
+        """The scaled backward is taken for an input's gradient, not for a step: a tensor the
+        function marks ``x.requires_grad = True`` (or ``requires_grad_()``) has its ``x.grad`` read
+        after the backward (an adversarial attack's ``delta.grad``; fast_adversarial's PGD).  apex
+        left that gradient scaled too (only the optimizer's parameters are unscaled), and the
+        parameters' gradients the scaled backward leaves are scaled at the scale the next step
+        unscales by (GradScaler changes it only in ``update()``, after a step)."""
+        leaves = _input_leaves(unit)
+        if not leaves:
+            return False
+        last = max((b.end_lineno for b in backs), default=None)
+        return last is not None and any(
+            isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.value, ast.Name)
+            and n.value.id in leaves and isinstance(n.ctx, ast.Load) and n.lineno > last for n in walk(unit))
 
     def _backwards_before_the_step(self, u: Use, c: Carrier, unit, backs, steps) -> None:
         """Another ``x.backward()`` between the scaled backward and the step (an adversarial loss,
@@ -577,6 +661,7 @@ class UseRewrites:
         per step).  A clip of ``amp.master_params`` is left to its own rewrite.  ``opt``: the
         optimizer, where the steps are calls of a wrapper's method that steps it."""
         m = u.module
+        leaves = _input_leaves(unit)
         for site in backs:
             owner, field, block = block_of(site)
             i = next((k for k, x in enumerate(block) if x is site), None)
@@ -588,8 +673,15 @@ class UseRewrites:
                 if j is None or not runs_as_often(site, stmt_of(s), unit):
                     continue
                 between = block[i + 1:j + 1]
-                if not any(self._reads_gradients(x) for x in between):
+                if not any(self._reads_gradients(x, leaves) for x in between):
                     continue
+                later = [b for b in backs if b is not site and any(b is x or any(b is y for y in walk(x))
+                                                                    for x in between)]
+                if later:
+                    # unscale_ may run once per step: the gradients of the backward after it would
+                    # reach the step still scaled
+                    raise Refuse(f"the gradients are read between the scaled backwards at lines {site.lineno} and "
+                                 f"{later[0].lineno}, before one step: migrate it by hand")
                 if any("master_params" in m.src.code(x) for x in between):
                     continue
                 o = opt or m.src.code(receiver(s))
@@ -729,9 +821,11 @@ class UseRewrites:
         return out
 
     @staticmethod
-    def _reads_gradients(stmt) -> bool:
+    def _reads_gradients(stmt, leaves: Set[str] = frozenset()) -> bool:
+        """A read of parameters' gradients (``leaves``: inputs whose ``.grad`` is their own)."""
         for n in [stmt, *walk(stmt)]:
-            if isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.ctx, ast.Load):
+            if isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.ctx, ast.Load) and not (
+                    isinstance(n.value, ast.Name) and n.value.id in leaves):
                 return True
             if isinstance(n, ast.Call):
                 name = (dotted(n.func) or "").split(".")[-1]
@@ -1221,6 +1315,9 @@ class UseRewrites:
                 return
             self.fc(u.module).replace(u.node, c.expr)
             return
+        if isinstance(u.node, ast.Name) and installed_test(u.module.sem, u.node) is not None:
+            self._installed_test_folds(u)
+            return
         test = self._as_test(u)
         if test is not None:
             # `if amp:` / `if amp is not None:` where amp is apex's amp handed in, or None
@@ -1246,6 +1343,38 @@ class UseRewrites:
         if self._alias_goes(u, p):
             return
         raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
+
+    def _installed_test_folds(self, u: Use) -> None:
+        """``if amp is not None:`` where ``amp`` is None when apex is not installed (``try: from apex
+        import amp / except ImportError: amp = None``): a test of whether apex is installed, which
+        native AMP always is.  The test folds: an ``if`` that held keeps its body (its ``else``,
+        a "please install apex" error, goes), ``not fp16 or amp is None`` becomes ``not fp16``."""
+        m = u.module
+        fc = self.fc(m)
+        top = u.node
+        while not isinstance(top, (ast.stmt, ast.IfExp)):
+            top = getattr(top, "_p", None)
+        if any(id(a) in fc.touched for a in [top, *ancestors_stmts(stmt_of(top), None)]) or \
+                id(top) in self.installed_folded:
+            return  # rewritten whole already (a collapsed `if fp32: ... else: <scaled>`)
+        self.installed_folded.add(id(top))
+        test = getattr(top, "test", None)
+        try:
+            f = fold_installed(m.sem, m.src.code, test) if test is not None else None
+        except ValueError:
+            f = None
+        if f is None or isinstance(top, ast.While) or (isinstance(top, ast.Assert) and f is False):
+            raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
+        if isinstance(f, str):
+            fc.replace(test, f)
+        elif isinstance(top, ast.IfExp):
+            fc.replace(top, m.src.code(top.body if f else top.orelse))
+        elif isinstance(top, ast.Assert) or (f is False and not top.orelse):
+            fc.remove(top)
+        else:
+            fc.unwrap(top, top.body if f else top.orelse)
+            fc.touched.add(id(top))
+        self.notes.add("`amp is not None` asked whether apex is installed: native AMP always is, so the test folds")
 
     def _alias_goes(self, u: Use, p) -> bool:
         """``self.amp = amp`` / ``args.amp = amp``: every read of the attribute is an apex use

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from ampfix.model.semantic import DEFS, LOOPS, base_name, dotted, walk
+from ampfix.model.semantic import DEFS, LOOPS, base_name, block_of, dotted, walk
 
 AUTOCAST = {
     "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
@@ -82,6 +82,106 @@ def kwargs(call: ast.Call) -> Dict[str, ast.expr]:
 
 def has_star(call: ast.Call) -> bool:
     return any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+
+
+class Spread:
+    """``f(a, **opts)`` where ``opts`` is a dict the code builds right before the call's statement
+    (fast_adversarial: ``amp_args = dict(opt_level=..., loss_scale=...)``, then
+    ``if level == 'O2': amp_args['master_weights'] = ...``, then ``initialize(m, o, **amp_args)``).
+
+    ``keywords``: the call's keywords with ``**opts`` spelt out (the values are the dict's own
+    nodes); ``statements``: those that build ``opts`` (they go with the call); ``conditional``:
+    keys set only under an ``if`` or set more than once (their value is not one expression)."""
+
+    def __init__(self, keywords: List[ast.keyword], statements: List[ast.stmt], conditional: Set[str]) -> None:
+        self.keywords = keywords
+        self.statements = statements
+        self.conditional = conditional
+
+
+def _key_store(stmt, name: str) -> Optional[Tuple[str, ast.expr]]:
+    """``name["key"] = value`` -> (key, value)."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Subscript)):
+        return None
+    t = stmt.targets[0]
+    if not (isinstance(t.value, ast.Name) and t.value.id == name and isinstance(t.slice, ast.Constant)
+            and isinstance(t.slice.value, str) and t.slice.value.isidentifier()):
+        return None
+    return t.slice.value, stmt.value
+
+
+def _dict_built(stmt, name: str) -> Optional[List[Tuple[str, ast.expr]]]:
+    """``name = dict(k=v, ...)`` or ``name = {"k": v, ...}`` -> [(k, v)]."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id == name):
+        return None
+    v = stmt.value
+    if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict" and not v.args and \
+            all(k.arg is not None for k in v.keywords):
+        return [(k.arg, k.value) for k in v.keywords]
+    if isinstance(v, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                       and k.value.isidentifier() for k in v.keys):
+        return [(k.value, x) for k, x in zip(v.keys, v.values)]
+    return None
+
+
+def spread_kwargs(call: ast.Call, stmt: ast.stmt, unit) -> Optional[Spread]:
+    """The dict behind a call's one ``**name``, when the statements right before ``stmt`` in its
+    block build it (a ``dict(...)``/``{...}`` with literal keys, then ``name["key"] = value``
+    stores, each alone or under an ``if`` with no ``else`` and nothing else in it) and nothing
+    else in ``unit`` mentions ``name``; None otherwise (a dict that comes from elsewhere, is
+    read again or is changed in ways these statements do not show)."""
+    stars = [k for k in call.keywords if k.arg is None]
+    if len(stars) != 1 or not isinstance(stars[0].value, ast.Name) or \
+            any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    name = stars[0].value.id
+    _, _, block = block_of(stmt)
+    i = next((k for k, x in enumerate(block) if x is stmt), None)
+    if i is None:
+        return None
+    stores: List[Tuple[str, ast.expr, bool]] = []
+    built: Optional[List[Tuple[str, ast.expr]]] = None
+    statements: List[ast.stmt] = []
+    for x in reversed(block[:i]):
+        one = _key_store(x, name)
+        if one is not None:
+            stores.append((*one, False))
+            statements.append(x)
+            continue
+        if isinstance(x, ast.If) and not x.orelse and all(_key_store(y, name) for y in x.body) and \
+                not any(isinstance(n, ast.Name) and n.id == name for n in walk(x.test)):
+            stores += [(*_key_store(y, name), True) for y in x.body]
+            statements.append(x)
+            continue
+        built = _dict_built(x, name)
+        if built is not None:
+            statements.append(x)
+        break
+    if built is None:
+        return None
+    inside = {id(n) for st in statements for n in walk(st)} | {id(stars[0].value)}
+    if any(isinstance(n, ast.Name) and n.id == name and id(n) not in inside for n in walk(unit, into_functions=True)):
+        return None
+    explicit = {k.arg for k in call.keywords if k.arg is not None}
+    values: Dict[str, ast.expr] = {}
+    conditional: Set[str] = set()
+    for key, value in built:
+        if key in values:
+            conditional.add(key)
+        values[key] = value
+    for key, value, under_if in reversed(stores):
+        if key in values or under_if:
+            conditional.add(key)
+        values[key] = value
+    if explicit & set(values):
+        return None  # TypeError at run time: not ours to read
+    keywords = [k for k in call.keywords if k.arg is not None]
+    for key, value in values.items():
+        kw = ast.keyword(arg=key, value=value)
+        ast.copy_location(kw, value)
+        keywords.append(kw)
+    return Spread(keywords, list(reversed(statements)), conditional)
 
 
 def all_args(call: ast.Call) -> List[ast.AST]:

@@ -390,6 +390,88 @@ def apex_value_condition(sem, func_node, name: str) -> Optional[ast.expr]:
     return None
 
 
+def none_if_missing(sem, name_node: ast.Name) -> bool:
+    """``name`` is apex's amp where apex is installed and None where it is not: every binding of
+    it is ``from apex import amp`` in a ``try`` body or ``amp = None`` in that ``try``'s
+    ``except`` (nnUNet, allennlp: ``try: from apex import amp / except ImportError: amp = None``).
+    A test of it (``amp is not None``) asks whether apex is installed."""
+    bs = sem.bindings_of(name_node)
+    imports = [b for b in bs if b.kind == "import" and b.qname == "apex.amp"]
+    nones = [b for b in bs if b.kind == "assign" and isinstance(b.value, ast.Constant) and b.value.value is None]
+    if len(imports) != 1 or not nones or len(imports) + len(nones) != len(bs):
+        return False
+    imp = imports[0].node
+    while imp is not None and not isinstance(imp, ast.stmt):
+        imp = getattr(imp, "_p", None)
+    t = getattr(imp, "_p", None)
+    if not (isinstance(t, ast.Try) and any(x is imp for x in t.body)):
+        return False
+    for b in nones:
+        st = b.node
+        while st is not None and not isinstance(st, ast.stmt):
+            st = getattr(st, "_p", None)
+        h = getattr(st, "_p", None)
+        if not (isinstance(h, ast.ExceptHandler) and getattr(h, "_p", None) is t and any(x is st for x in h.body)):
+            return False
+    return True
+
+
+def installed_test(sem, node) -> Optional[Tuple[ast.expr, bool]]:
+    """(the expression, its value where apex is installed) when ``node`` (a Name) is a
+    :func:`none_if_missing` name tested as such: ``amp is not None`` (True), ``amp is None``
+    (False), ``amp`` / ``not amp`` as a truth value in a test or a boolean operation."""
+    if not isinstance(node, ast.Name) or not none_if_missing(sem, node):
+        return None
+    p = getattr(node, "_p", None)
+    if isinstance(p, ast.Compare) and len(p.ops) == 1 and p.left is node and \
+            isinstance(p.ops[0], (ast.Is, ast.IsNot)) and isinstance(p.comparators[0], ast.Constant) and \
+            p.comparators[0].value is None:
+        return p, isinstance(p.ops[0], ast.IsNot)
+    if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
+        return p, False
+    if isinstance(p, ast.BoolOp) or (isinstance(p, (ast.If, ast.While, ast.IfExp, ast.Assert)) and p.test is node):
+        return node, True
+    return None
+
+
+def fold_installed(sem, code, test):
+    """``test`` where apex is installed (native AMP always is, once apex goes): True or False,
+    the text of what is left (``not fp16 or amp is None or not cuda`` -> ``not fp16 or not
+    cuda``), or None when it has no :func:`installed_test` in it.  A test that reads such a
+    name any other way raises ValueError."""
+    got = installed_test(sem, test.left if isinstance(test, ast.Compare) else
+                         test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test)
+    if got is not None and got[0] is test:
+        return got[1]
+    if isinstance(test, ast.BoolOp):
+        parts = [fold_installed(sem, code, v) for v in test.values]
+        if all(x is None for x in parts):
+            return None
+        is_and = isinstance(test.op, ast.And)
+        kept = []
+        for i, (v, x) in enumerate(zip(test.values, parts)):
+            if x is (not is_and):
+                # it decides the operation: what the operands before it called would be lost
+                if any(isinstance(n, ast.Call) for w in test.values[:i] for n in [w, *walk(w)]):
+                    raise ValueError(code(test))
+                return not is_and
+            if x is None:
+                kept.append(code(v) if not isinstance(v, ast.BoolOp) else f"({code(v)})")
+            elif isinstance(x, str):
+                kept.append(f"({x})")
+        if not kept:
+            return is_and
+        return f" {'and' if is_and else 'or'} ".join(kept)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        x = fold_installed(sem, code, test.operand)
+        if x is None:
+            return None
+        return (not x) if isinstance(x, bool) else f"not ({x})"
+    if any(isinstance(n, ast.Name) and none_if_missing(sem, n) for n in walk(test)):
+        raise ValueError(code(test))
+    return None
+
+
 #: apex's DistributedDataParallel, and the methods only it has (torch's has none: a call of one on
 #: the wrapped model raises AttributeError once the wrapper is torch's)
 APEX_DDP = "apex.parallel.DistributedDataParallel"
