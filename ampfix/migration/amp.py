@@ -119,6 +119,9 @@ class AmpPlanner:
         # would migrate while this use keeps calling apex, which nothing initializes any more)
         reached_by: Dict[int, Set[int]] = {}
         for i, (u, c) in enumerate(need):
+            if c is not None and getattr(c, "optional", None) and u.kind == "scale_loss" and \
+                    guarded_by_what_they_leave_none(u, getattr(c, "missing_sites", [])):
+                continue
             if c is not None and getattr(c, "optional", None) and u.kind not in ("state_dict", "load_state_dict"):
                 solver.why.setdefault(Solver.key(u.module, u.func), c.optional)
                 need[i] = (u, None)
@@ -881,6 +884,46 @@ def _computes_nothing_else(expr) -> bool:
             if name not in _VALUE_CALLS:
                 return False
         elif isinstance(n, (ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)):
+            return False
+    return True
+
+
+def guarded_by_what_they_leave_none(u: Use, sites) -> bool:
+    """``if opt is not None: with amp.scale_loss(loss, opt) ...`` in a function whose callers
+    without a scaler (an evaluation that attacks its inputs with no optimizer) all leave ``opt``
+    None: they never reach the scaled backward, so the scaler may be an optional parameter
+    there (fast_adversarial's ``attack_pgd``)."""
+    f = u.func
+    if f is None or not sites:
+        return False
+    from ampfix.migration.flow import ancestors_stmts, stmt_of
+    from ampfix.model.semantic import param_defaults
+
+    st = stmt_of(u.node)
+    tested = None
+    child = st
+    for a in ancestors_stmts(st, f.node):
+        if isinstance(a, ast.If) and any(x is child for x in a.body):
+            t = a.test
+            if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.IsNot) and \
+                    isinstance(t.left, ast.Name) and is_const(t.comparators[0], None):
+                tested = t.left.id
+            elif isinstance(t, ast.Name):
+                tested = t.id
+            if tested is not None and (tested in f.positional or tested in f.kwonly):
+                break
+            tested = None
+        child = a
+    if tested is None:
+        return False
+    default = param_defaults(f.node.args).get(tested)
+    for cs in sites:
+        if any(isinstance(x, ast.Starred) for x in cs.node.args) or any(k.arg is None for k in cs.node.keywords):
+            return False
+        a = cs.argument(tested)
+        if a is None and not is_const(default, None):
+            return False
+        if a is not None and not is_const(a, None):
             return False
     return True
 

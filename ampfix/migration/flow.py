@@ -279,6 +279,16 @@ def _model_feeds(stmt: ast.stmt, names: Set[str], models: Set[str]) -> bool:
     return False
 
 
+#: statements with blocks of their own: one uses a model when something in it calls one (a warm-up
+#: block that sets ``model.gr`` and prints the model's biases is not the forward pass)
+COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)
+
+
+def _calls_a_model(stmt, models: Set[str]) -> bool:
+    return any(isinstance(n, ast.Call) and (dotted(n.func) in models or (
+        isinstance(n.func, ast.Attribute) and dotted(n.func.value) in models)) for n in walk(stmt))
+
+
 def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
                    is_barrier=None) -> Tuple[Optional[Region], Set[str]]:
     """The statements before ``site`` that compute ``loss`` (an expression), by data flow back
@@ -318,7 +328,8 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             if models:
                 # from the first statement that uses a model (if one does)
                 using = [j for j in range(first, last + 1) if read(block[j]) & models
-                         and (j not in feeds or _model_feeds(block[j], feeds[j], models))]
+                         and (j not in feeds or _model_feeds(block[j], feeds[j], models))
+                         and (not isinstance(block[j], COMPOUND) or _calls_a_model(block[j], models))]
                 start = using[0] if using else first
             # nor input preparation, nor what the loss does not come from (a progress bar, a
             # `continue` for a short batch, zero_grad) at the start

@@ -104,10 +104,11 @@ class Solver:
             c.entry = func
             return c
         seeds: Set[int] = set()
-        good, missing = [], None
+        good, missing, bad = [], None, []
         for s in sites:
             c = self.solve(s.module, s.caller)
             if c is None:
+                bad.append(s)
                 where = f"{s.caller.qualname}" if s.caller else "module level"
                 missing = missing or (f"`{func.qualname}` is also called from `{where}` ({s.module.path} line "
                                       f"{s.node.lineno}), where no amp.initialize comes first")
@@ -127,6 +128,7 @@ class Solver:
         # checkpoints): the parameter is optional, and only saving or loading the scaler's state
         # may use it there (the planner checks), under `scaler is not None`
         c.optional = missing
+        c.missing_sites = bad
         return c
 
     @staticmethod

@@ -62,6 +62,9 @@ class UseRewrites:
         if c.kind in ("local", "closure") and len(c.seeds) == 1:
             idx = next(iter(c.seeds))
             return self.enabled.get(idx, "True")
+        if getattr(c, "optional", None):
+            # some callers pass none (they never reach the scaled backward): off there
+            return f"bool({c.expr})" if self.bf16 else f"{c.expr} is not None and {c.expr}.is_enabled()"
         return c.expr if self.bf16 else f"{c.expr}.is_enabled()"
 
     def _scale_loss(self, u: Use, c: Carrier) -> None:
@@ -145,6 +148,25 @@ class UseRewrites:
         self.backward_sites.setdefault(key, []).append(site)
         if not self.pure:
             self._plan_region(u, c, site, loss)
+        self._guard_optional(u, c, w)
+
+    def _guard_optional(self, u: Use, c: Carrier, w) -> None:
+        """An optional scaler (callers that have none leave the tested parameter None: they never
+        reach the scaled backward): the test says the scaler is there too, for a caller from
+        outside the project that passes the optimizer alone."""
+        if not getattr(c, "optional", None) or self.bf16:
+            return
+        child = w
+        for a in ancestors_stmts(w, u.func.node if u.func is not None else None):
+            if isinstance(a, ast.If) and any(x is child for x in a.body) and id(a) not in self.guarded and \
+                    id(a) not in self.fc(u.module).touched:
+                self.guarded.add(id(a))
+                text = u.module.src.code(a.test)
+                if isinstance(a.test, ast.BoolOp) and isinstance(a.test.op, ast.Or):
+                    text = f"({text})"
+                self.fc(u.module).replace(a.test, f"{c.expr} is not None and {text}")
+                return
+            child = a
 
     @staticmethod
     def _apex_import(stmt, module) -> bool:
@@ -185,9 +207,10 @@ class UseRewrites:
         # `if opt is not None: <scaled> else: loss.backward()` (fast_adversarial's attack, given
         # an optimizer when training and none when evaluating): the test is not AMP's switch, so
         # the plain branch runs with AMP on too, and stays
+        # (with bfloat16 both branches are the plain backward: the `if` goes whatever it tests)
         opt = arg(u.call, "optimizers", 1) if u.call is not None else None
         held = {dotted(e) for e in (opt.elts if isinstance(opt, (ast.Tuple, ast.List)) else [opt])} - {None}
-        if held & {dotted(n) for n in walk(gd.test) if isinstance(n, (ast.Name, ast.Attribute))}:
+        if not self.noscale and held & {dotted(n) for n in walk(gd.test) if isinstance(n, (ast.Name, ast.Attribute))}:
             return None
         # every statement of the twin must be the twin of one in the scaled branch: the backward, a clip
         body_kinds = [self._kind(x, u.module) for x in scaled if x is not w and not self._apex_import(x, u.module)]
@@ -1291,6 +1314,9 @@ class UseRewrites:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
         p = getattr(u.node, "_p", None)
+        if isinstance(u.node, ast.Name) and installed_test(u.module.sem, u.node) is not None:
+            self._installed_test_folds(u)
+            return
         if self.bf16:
             if self._alias_goes(u, p):
                 return
@@ -1314,9 +1340,6 @@ class UseRewrites:
                 self.fc(u.module).replace(p, f"{self.name}={c.expr}")
                 return
             self.fc(u.module).replace(u.node, c.expr)
-            return
-        if isinstance(u.node, ast.Name) and installed_test(u.module.sem, u.node) is not None:
-            self._installed_test_folds(u)
             return
         test = self._as_test(u)
         if test is not None:
@@ -1371,6 +1394,11 @@ class UseRewrites:
             fc.replace(top, m.src.code(top.body if f else top.orelse))
         elif isinstance(top, ast.Assert) or (f is False and not top.orelse):
             fc.remove(top)
+        elif f is True and all(any(x is y for y in fc.removed) for x in top.body):
+            # its body went (the initialize it guarded): the `else` ("install apex") goes too,
+            # and the `if` with them
+            for x in top.orelse:
+                fc.remove(x)
         else:
             fc.unwrap(top, top.body if f else top.orelse)
             fc.touched.add(id(top))
