@@ -769,6 +769,45 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
     return edits
 
 
+def _unread_flags_go(text: str, path: str, flags: Set[str], star_exports=None) -> str:
+    """A flag that folded (``amp_pck_loaded_ = True`` once apex's import went) and that nothing
+    reads any more goes, with the ``global`` statements that only declared it: dead code the
+    migration would otherwise leave."""
+    src = Source(text.encode("utf-8"), path, text=text)
+    try:
+        src.parse()
+    except SourceError:
+        return text
+    model = Model(src.tree, star_exports)
+    b = Builder(src)
+    read = {n.id for n in walk(model.tree, into_functions=True) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, (ast.Load, ast.Del))}
+    dead = flags - read
+    if not dead:
+        return text
+    gone: List[ast.stmt] = []
+    edits: List[Edit] = []
+    for n in walk(model.tree, into_functions=True):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and \
+                n.targets[0].id in dead and isinstance(n.value, ast.Constant) and \
+                isinstance(getattr(n, "_p", None), ast.Module):
+            gone.append(n)
+        elif isinstance(n, ast.Global) and set(n.names) & dead:
+            if set(n.names) <= dead:
+                gone.append(n)
+            else:
+                edits.append(b.replace(n, "global " + ", ".join(x for x in n.names if x not in dead)))
+    stores = [n for n in walk(model.tree, into_functions=True) if isinstance(n, ast.Name) and n.id in dead
+              and isinstance(n.ctx, ast.Store)]
+    if len(stores) != sum(isinstance(g, ast.Assign) for g in gone):
+        return text  # bound somewhere else too (a loop, a function's own assignment): leave it
+    try:
+        edits += Remover(src, model, b).remove(gone)
+        return apply_edits(text, edits)
+    except Conflict:
+        return text
+
+
 def _name_of(node) -> Optional[str]:
     from ampfix.model.semantic import dotted
 
@@ -799,6 +838,8 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         folded = fold_flags(src2, model2, b2, flags, unwrapped) if flags else []
         if dead or folded:
             out = apply_edits(out, dead + folded)
+        if flags:
+            out = _unread_flags_go(out, path, flags, star_exports)
     if adds:
         if edits:
             src = Source(out.encode("utf-8"), path, text=out)

@@ -253,6 +253,8 @@ class AmpPlanner:
             if bad:
                 g.refusal = bad[0]
                 continue
+            if g.refusal:  # a use that only some of its seeds reach (see reached_by)
+                continue
             self._plan(g, solver)
         for path, g in entries.items():
             orphan = orphans.get(path)
