@@ -35,7 +35,8 @@ class Fix:
 
     ``safe`` fixes keep behaviour; unsafe ones change it (the description says how) and are
     applied only with ``--unsafe-fixes``.  ``add_imports`` are added when the result lacks them;
-    ``remove_imports`` are removed when the result no longer uses them.  Fixes that share a
+    ``remove_imports`` are removed when the result no longer uses them, ``names_may_go`` (flags)
+    likewise.  Fixes that share a
     ``group`` (a migration planned across modules) are applied all or none.
     """
 
@@ -45,6 +46,9 @@ class Fix:
     add_imports: Sequence[ImportSpec] = ()
     remove_imports: Sequence[ImportSpec] = ()
     group: Optional[str] = None
+    #: module-level availability flags (``HAS_APEX = True`` once apex's guarded import went) that
+    #: no other module imports: they go where nothing in the result reads them
+    names_may_go: Sequence[str] = ()
 
 
 @dataclass

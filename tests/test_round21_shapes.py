@@ -298,3 +298,60 @@ def test_bfloat16_folds_the_installed_test_and_the_attack_backward(tmp_path):
     assert "if opt is not None" not in helper and helper.count("loss.backward()") == 1
     assert "GradScaler" not in helper + base and "apex" not in base and "amp is" not in base
     assert "dtype=torch.bfloat16" in base
+
+
+def test_names_that_two_modules_re_export_from_each_other_do_not_recurse(tmp_path):
+    """`from b import prep` in a, `from a import prep` in b (each re-exporting the other's): the
+    resolution of a call of it in a forward region stops (it had recursed without end:
+    facebookresearch/multihop_dense_retrieval, a RecursionError reported as a planner bug)."""
+    a = "from b import prep\n"
+    b = "from a import prep\n"
+    train = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+        from a import prep
+
+
+        def main(model, opt, loader):
+            model, opt = amp.initialize(model, opt, opt_level="O1")
+            for x in loader:
+                x = prep(x)
+                loss = model(x).sum()
+                opt.zero_grad()
+                with amp.scale_loss(loss, opt) as scaled_loss:
+                    scaled_loss.backward()
+                opt.step()
+    ''')
+    write(tmp_path, {"a.py": a, "b.py": b, "train.py": train})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    assert "scaler.scale(loss).backward()" in (tmp_path / "train.py").read_text()
+
+
+def test_a_subclass_overriding_the_setup_inherits_the_base_default(tmp_path):
+    """nnUNet's `nnUNetTrainerV2_Mish` overrides `_maybe_init_amp` (O2) and has no __init__: its
+    seed goes with the base's, and the base's __init__ makes the one disabled default (a class
+    attribute beside it would be a second GradScaler nothing reads)."""
+    o2 = textwrap.dedent('''\
+        try:
+            from apex import amp
+        except ImportError:
+            amp = None
+
+        from base import Base
+
+
+        class O2(Base):
+            def setup(self):
+                if self.fp16:
+                    if amp is not None:
+                        self.network, self.optimizer = amp.initialize(self.network, self.optimizer, opt_level="O2")
+    ''')
+    write(tmp_path, {"base.py": BASE, "o2.py": o2})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    base = (tmp_path / "base.py").read_text()
+    sub = (tmp_path / "o2.py").read_text()
+    assert base.count("GradScaler(") == 2 and 'GradScaler("cuda", enabled=False)' in base
+    assert sub.count("GradScaler(") == 1 and "enabled=False" not in sub and "apex" not in sub

@@ -160,7 +160,8 @@ def apply_fixes(text: str, path: str, fixes: Sequence[Fix]) -> str:
 
     adds = [i for f in fixes for i in f.add_imports]
     removes = [i for f in fixes for i in f.remove_imports]
-    out = tidy(out, path, adds, removes, STAR_EXPORTS)
+    may_go = {n for f in fixes for n in getattr(f, "names_may_go", ())}
+    out = tidy(out, path, adds, removes, STAR_EXPORTS, may_go)
     return fit_lines(text, imports_gone_unused(text, out, path, removes, STAR_EXPORTS))
 
 

@@ -815,7 +815,8 @@ def _name_of(node) -> Optional[str]:
     return d.split(".")[-1] if d else None
 
 
-def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=None) -> str:
+def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=None,
+         names_may_go: Set[str] = frozenset()) -> str:
     """Apply import additions and removals to ``text`` (the result of a round of fixes)."""
     if not adds and not removes:
         return text
@@ -838,8 +839,8 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         folded = fold_flags(src2, model2, b2, flags, unwrapped) if flags else []
         if dead or folded:
             out = apply_edits(out, dead + folded)
-        if flags:
-            out = _unread_flags_go(out, path, flags, star_exports)
+        if flags & set(names_may_go):
+            out = _unread_flags_go(out, path, flags & set(names_may_go), star_exports)
     if adds:
         if edits:
             src = Source(out.encode("utf-8"), path, text=out)

@@ -147,6 +147,15 @@ class AmpPlanner:
         for s in seeds:  # a setup() whose seed moved to its callers goes with them
             for v in getattr(s, "moved_to", ()):
                 parent[find(v)] = find(s.idx)
+        # a subclass's override of the method that initializes apex (nnUNet's `_maybe_init_amp` with
+        # O2) goes with its ancestor's: `self` is one object, and the scaler's disabled default is
+        # made once, where the ancestor's __init__ is
+        methods = [s for s in seeds if s.func is not None and s.func.cls is not None and s.func.is_method]
+        for s1 in methods:
+            ups = {id(c) for _, c in self.p.ancestors(s1.module, s1.func.cls)}
+            for s2 in methods:
+                if s2 is not s1 and s2.func.node.name == s1.func.node.name and id(s2.func.cls) in ups:
+                    parent[find(s1.idx)] = find(s2.idx)
         # seeds written in one function go together: apex patched torch for the whole process, so
         # one left behind (refused) beside one migrated would mix apex and native AMP in one run
         first_in: Dict[tuple, int] = {}

@@ -2,6 +2,7 @@
 the engine (``project.trial``), then one :class:`~ampfix.project.plan.FilePlan` per file."""
 from __future__ import annotations
 
+import ast
 from typing import Dict, List
 
 from ampfix.migration.groups import Group, Refuse
@@ -68,6 +69,24 @@ def plan(project) -> Dict[str, FilePlan]:
     return out
 
 
+def _private_flags(project, path: str) -> List[str]:
+    """The availability flags a guarded apex import of the module sets (``try: from apex import
+    amp; HAS_APEX = True / except ImportError: HAS_APEX = False``) that no other module takes
+    from it: the engine may remove them once they fold and nothing reads them."""
+    from ampfix.engine.tidy import true_flags
+    from ampfix.model.semantic import walk
+
+    m = project.modules.get(path)
+    if m is None or path.replace("\\", "/").endswith("__init__.py"):
+        return []
+    out = set()
+    for t in walk(m.tree, into_functions=True):
+        if isinstance(t, ast.Try) and any(isinstance(x, (ast.Import, ast.ImportFrom)) and "apex" in m.src.code(x)
+                                          for x in t.body):
+            out |= true_flags(t)
+    return sorted(n for n in out if not project.imported_from(m, n))
+
+
 def _apex_nodes(m) -> list:
     from ampfix.model.apex import apex_uses
 
@@ -95,7 +114,8 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
         if g.unsafe:
             desc += f" (unsafe fix: {g.unsafe})"
         fix = Fix(desc, fc.final_edits, add_imports=list(dict.fromkeys(fc.adds)),
-                  remove_imports=list(dict.fromkeys(fc.removes)), group=g.id, safe=not g.unsafe)
+                  remove_imports=list(dict.fromkeys(fc.removes)), group=g.id, safe=not g.unsafe,
+                  names_may_go=_private_flags(project, path))
         for u in uses:
             fp.fixes[(u.lineno, u.col_offset)] = fix
         if not uses:

@@ -720,6 +720,9 @@ class SeedRewrites:
         self.default_made.add(id(f.cls))
         init = next((x for x in f.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and x.name == "__init__"), None)
+        if init is None and self._ancestor_makes_default(s):
+            self.notes.add(f"`{f.cls.name}` inherits the disabled `{self.name}` its base class's __init__ makes")
+            return
         if init is None:
             # no __init__ of its own (a subclass, a trainer set up by a framework): a disabled one
             # as a class attribute, which the instance's own replaces where the method makes it
@@ -743,6 +746,21 @@ class SeedRewrites:
                     self.fc(s.module).insert_after(b, [self._disabled(f"self.{self.name}")])
                     return
         self.fc(s.module).insert_before(first, [self._disabled(f"self.{self.name}")])
+
+    def _ancestor_makes_default(self, s: Seed) -> bool:
+        """A seed of this group in a method of the same name of a class ``s``'s class inherits, where
+        that class has an __init__ of its own (the disabled default goes there, for both)."""
+        f = s.func
+        for mod, cls in self.p.ancestors(s.module, f.cls):
+            for o in self.g.seeds:
+                if o is not s and getattr(o, "func", None) is not None and o.func.cls is cls and \
+                        o.func.node.name == f.node.name and any(
+                            isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) and x.name == "__init__"
+                            for x in cls.body):
+                    if id(cls) not in self.default_made:
+                        self._default_in_init(o)
+                    return id(cls) in self.default_made
+        return False
 
     def _used_only_in(self, f) -> bool:
         """Every use the scaler serves lies in ``f`` (the method that makes it), and nothing else
@@ -936,6 +954,7 @@ class SeedRewrites:
                 fc.replace_statement(s.stmt, after)
             else:
                 fc.remove(s.stmt)
+            self._optimizer_made_for_apex_goes(s)
         else:
             at = s.stmt
         model_names = s.model_names
@@ -966,7 +985,15 @@ class SeedRewrites:
             while touching and self._only_configures(block[touching[0]], model_names):
                 touching.pop(0)
             if touching:
-                regions = [(touching[0], touching[-1])]
+                # one region per run of statements that run the model: what lies between two runs
+                # (results written to files, logging) stays outside
+                regions = []
+                for j in touching:
+                    if regions and (j == regions[-1][1] + 1 or all(
+                            self._blank_between(block[k]) for k in range(regions[-1][1] + 1, j))):
+                        regions[-1] = (regions[-1][0], j)
+                    else:
+                        regions.append((j, j))
                 if level is not levels[-1] and not moved:
                     # inside every `if` the scaler's condition folded in: only the options' own
                     cond = enabled
@@ -977,6 +1004,44 @@ class SeedRewrites:
         for i, j in regions:
             self._add_region(s.module, block, i, j, autocast_call(self.s, cond))
         self.g.note_at_anchor = "inference: the model's forward runs under autocast (no GradScaler: nothing trains)"
+
+    def _optimizer_made_for_apex_goes(self, s: Seed) -> None:
+        """An evaluation script that built an optimizer only to hand it to ``amp.initialize``
+        (``optimizer = build_optimizer(model, opts)`` right before it, read by nothing else): once
+        the initialize goes, so does the optimizer (nothing in the module trains)."""
+        opt = s.optimizers
+        if not isinstance(opt, ast.Name) or s.func is None:
+            return
+        unit = s.func.node
+        seed_nodes = {id(n) for n in walk(s.stmt)}
+        reads = [n for n in walk(unit, into_functions=True) if isinstance(n, ast.Name) and n.id == opt.id
+                 and isinstance(n.ctx, ast.Load) and id(n) not in seed_nodes]
+        stores = [n for n in walk(unit, into_functions=True) if isinstance(n, ast.Name) and n.id == opt.id
+                  and isinstance(n.ctx, ast.Store) and id(n) not in seed_nodes]
+        if reads or len(stores) != 1:
+            return
+        st = stmt_of(stores[0])
+        _, _, block = block_of(s.stmt)
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is stores[0]
+                and any(x is st for x in block) and st.lineno < s.stmt.lineno):
+            return
+        # only where what builds it goes unnoticed: torch's optimizers, a function of this module (a
+        # builder imported from another module would leave its import unused, and that import may
+        # have to stay: importing a module runs it)
+        for n in [st.value, *walk(st.value)]:
+            if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) or any(
+                    b.kind in ("def", "class") or (b.qname or "").startswith("torch.")
+                    for b in (s.module.sem.bindings_of(n.func) if isinstance(n.func, ast.Name) else []))):
+                return
+        self.fc(s.module).remove(st)
+        self.notes.add(f"`{opt.id}` was built only to hand to apex's initialize: it goes with it")
+
+    @staticmethod
+    def _blank_between(stmt) -> bool:
+        """A statement between two that run the model that may as well sit in their region: a plain
+        assignment or augmented assignment with no call but a tensor method's (``n += x.size(0)``)."""
+        return isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and not any(
+            isinstance(n, ast.Call) and not isinstance(n.func, ast.Attribute) for n in walk(stmt))
 
     def _holders(self, stmt, held: Set[str]) -> Set[str]:
         """Names bound to an object built from the model (``r = Retriever(model)``,

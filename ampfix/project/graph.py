@@ -454,7 +454,9 @@ class Project:
         base = pkg[: len(pkg) - level + (1 if is_pkg else 0)]
         return ".".join([*base, qname.lstrip(".")])
 
-    def _imported(self, module: Module, qname: str) -> Tuple[Optional[Function], bool]:
+    def _imported(self, module: Module, qname: str, depth: int = 0) -> Tuple[Optional[Function], bool]:
+        if depth > 10:  # re-exports that import each other (`a` from `b`, `b` from `a`)
+            return None, False
         qname = self.absolute(module, qname)
         parts = qname.split(".")
         for i in range(len(parts) - 1, 0, -1):
@@ -471,9 +473,41 @@ class Project:
             head = parts[i]
             for b in mod.sem.module_scope.bindings.get(head, ()):
                 if b.kind == "import" and b.qname and b.qname != qname:
-                    return self._imported(mod, b.qname + ("." + ".".join(parts[i + 1:]) if len(parts) > i + 1 else ""))
+                    return self._imported(mod, b.qname + ("." + ".".join(parts[i + 1:]) if len(parts) > i + 1 else ""),
+                                          depth + 1)
             return None, False
         return None, False
+
+    def ancestors(self, module: Module, cls: ast.ClassDef, depth: int = 0) -> List[Tuple[Module, ast.ClassDef]]:
+        """The project classes ``cls`` inherits from, nearest first (bases named in the module or
+        imported from a project module)."""
+        out: List[Tuple[Module, ast.ClassDef]] = []
+        if depth > 5:
+            return out
+        module.index()
+        for base in cls.bases:
+            got = None
+            if isinstance(base, ast.Name):
+                for b in module.sem.bindings_of(base):
+                    if b.kind == "class":
+                        got = (module, b.node)
+            if got is None and isinstance(base, (ast.Name, ast.Attribute)):
+                for q in sorted(module.sem.qnames(base)):
+                    parts = self.absolute(module, q).split(".")
+                    for i in range(len(parts) - 1, 0, -1):
+                        mod = self.module_named(".".join(parts[:i]))
+                        if mod is not None:
+                            mod.index()
+                            rest = ".".join(parts[i:])
+                            if rest in mod.classes:
+                                got = (mod, mod.classes[rest])
+                            break
+                    if got is not None:
+                        break
+            if got is not None and all(got[1] is not c for _, c in out):
+                out.append(got)
+                out.extend(x for x in self.ancestors(got[0], got[1], depth + 1) if all(x[1] is not c for _, c in out))
+        return out
 
     def method(self, module: Module, cls: ast.ClassDef, name: str) -> Optional[Function]:
         """The method ``name`` of ``cls``, its own or inherited from a project base class."""
