@@ -285,8 +285,16 @@ COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, a
 
 
 def _calls_a_model(stmt, models: Set[str]) -> bool:
-    return any(isinstance(n, ast.Call) and (dotted(n.func) in models or (
-        isinstance(n.func, ast.Attribute) and dotted(n.func.value) in models)) for n in walk(stmt))
+    """Something in ``stmt`` calls a model, or assigns what a call handed a model returns (a
+    forward helper: ``loss = fwd_pass(args, model, batch)``; not ``print_biases(model)``)."""
+    for n in walk(stmt):
+        if isinstance(n, ast.Call) and (dotted(n.func) in models or (
+                isinstance(n.func, ast.Attribute) and dotted(n.func.value) in models)):
+            return True
+        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and isinstance(n.value, ast.Call) and any(
+                dotted(a) in models for a in [*n.value.args, *(k.value for k in n.value.keywords)]):
+            return True
+    return False
 
 
 def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
