@@ -106,8 +106,8 @@ class AmpPlanner:
         solver = Solver(self.p, [s for s in seeds if s.idx not in bad_seeds], name)
         # every use that needs the scaler, with the seeds that reach it
         need: List[Tuple[Use, Optional[Carrier]]] = []
-        checks = [u for u in uses if u.kind == "check"]
-        uses = [u for u in uses if u.kind != "check"]
+        checks = [u for u in uses if u.kind in ("check", "installed")]
+        uses = [u for u in uses if u.kind not in ("check", "installed")]
         for u in uses:
             if u.kind in SCALER_KINDS:
                 need.append((u, solver.solve(u.module, u.func)))
@@ -790,6 +790,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 self._bare(u, c)
             elif u.kind == "seed_guard":
                 self._param_goes(u)
+            elif u.kind == "installed":
+                self._installed_test_folds(u)
             elif u.kind == "check":
                 st = availability_check(u.node)
                 if id(st) not in self.fc(u.module).touched:

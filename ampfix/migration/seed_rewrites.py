@@ -958,6 +958,14 @@ class SeedRewrites:
         else:
             at = s.stmt
         model_names = s.model_names
+        if s.func is not None and not moved and any(
+                isinstance(r, ast.Return) and r.value is not None and r.lineno > s.stmt.lineno
+                and read(r.value) & (model_names | set(t for t in s.target_names if t))
+                for r in walk(s.func.node)):
+            # allennlp's `Model._load`: apex's casting reached every forward pass of the returned
+            # model, in the callers; a region here would cover none of them
+            raise Refuse(f"the model initialized at line {s.use.line} for inference is returned: its forward passes "
+                         "run in the callers; wrap them in torch.autocast by hand")
         # apex patched torch for what ran after it: autocast covers the statements from the first
         # that runs the model (or an object built from it) to the last such one, in the seed's own
         # block (`if __name__ == "__main__":` ... initialize ... the evaluation loop), else in the

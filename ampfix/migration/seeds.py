@@ -9,6 +9,7 @@ from typing import List, Optional, Set
 from ampfix.migration.flow import (
     stmt_of,
 )
+from ampfix.model.apex import installed_test
 from ampfix.rule import ImportSpec
 from ampfix.model.semantic import dotted, walk
 
@@ -126,6 +127,9 @@ class Use:
         self.func = module.function_of(node)
         if self.kind == "" and availability_check(node) is not None:
             self.kind = "check"
+        elif self.kind == "" and installed_test(module.sem, node) is not None:
+            # `amp is not None` where amp is None without apex: folds, needs no scaler
+            self.kind = "installed"
 
     @property
     def line(self) -> int:

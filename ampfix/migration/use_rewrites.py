@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Set
 
 from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
 from ampfix.model.apex import (
-    fold_installed, installed_test, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
+    fold_installed, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
 )
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
@@ -1314,9 +1314,6 @@ class UseRewrites:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
         p = getattr(u.node, "_p", None)
-        if isinstance(u.node, ast.Name) and installed_test(u.module.sem, u.node) is not None:
-            self._installed_test_folds(u)
-            return
         if self.bf16:
             if self._alias_goes(u, p):
                 return
