@@ -355,3 +355,46 @@ def test_a_subclass_overriding_the_setup_inherits_the_base_default(tmp_path):
     sub = (tmp_path / "o2.py").read_text()
     assert base.count("GradScaler(") == 2 and 'GradScaler("cuda", enabled=False)' in base
     assert sub.count("GradScaler(") == 1 and "enabled=False" not in sub and "apex" not in sub
+
+
+LOADER = textwrap.dedent('''\
+    import torch
+
+    try:
+        from apex import amp
+    except ImportError:
+        amp = None
+
+
+    class Model(torch.nn.Module):
+        @classmethod
+        def load(cls, path, opt_level=None):
+            model = cls()
+            if opt_level is not None:
+                if amp is None:
+                    print("apex is not installed: full precision")
+                if amp is not None:
+                    model = amp.initialize(model, opt_level=opt_level)
+            RETURN
+''')
+
+
+def test_an_inference_model_that_is_returned_refuses_and_no_scaler_parameter_appears(tmp_path):
+    """allennlp's `Model._load`: `model = amp.initialize(model, opt_level=...)` for inference, then
+    `return model`: apex's casting reached the forward passes in the callers, which a region here
+    would not; refused with the reason. (It had also got a required `scaler=` that no caller
+    passes, for the `amp is None` test: a TypeError. Installed tests take no scaler.)"""
+    write(tmp_path, {"model.py": LOADER.replace("RETURN", "model.extend_vocab()\n        return model")})
+    out = run(tmp_path)
+    assert "for inference is returned: its forward passes run in the callers" in out.output, out.output
+    assert "would be rewritten: apex" not in out.output
+
+
+def test_an_installed_test_takes_no_scaler(tmp_path):
+    src = LOADER.replace("RETURN", "print(model(torch.zeros(1)))")
+    write(tmp_path, {"model.py": src})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "model.py").read_text()
+    assert "scaler" not in text and "amp is" not in text and "apex" not in text
+    assert "with torch.autocast(" in text and "print(model(torch.zeros(1)))" in text

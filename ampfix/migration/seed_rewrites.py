@@ -958,14 +958,10 @@ class SeedRewrites:
         else:
             at = s.stmt
         model_names = s.model_names
-        if s.func is not None and not moved and any(
-                isinstance(r, ast.Return) and r.value is not None and r.lineno > s.stmt.lineno
-                and read(r.value) & (model_names | set(t for t in s.target_names if t))
-                for r in walk(s.func.node)):
-            # allennlp's `Model._load`: apex's casting reached every forward pass of the returned
-            # model, in the callers; a region here would cover none of them
-            raise Refuse(f"the model initialized at line {s.use.line} for inference is returned: its forward passes "
-                         "run in the callers; wrap them in torch.autocast by hand")
+        returned = s.func is not None and not moved and any(
+            isinstance(r, ast.Return) and r.value is not None and r.lineno > s.stmt.lineno
+            and read(r.value) & (model_names | set(t for t in s.target_names if t))
+            for r in walk(s.func.node))
         # apex patched torch for what ran after it: autocast covers the statements from the first
         # that runs the model (or an object built from it) to the last such one, in the seed's own
         # block (`if __name__ == "__main__":` ... initialize ... the evaluation loop), else in the
@@ -1009,6 +1005,15 @@ class SeedRewrites:
         if not regions:
             raise Refuse(f"nothing uses the model after amp.initialize at line {s.use.line} in this function, so "
                          "autocast has no forward to cover")
+        names = model_names | set(t for t in s.target_names if t)
+        if returned and not any(
+                isinstance(n, ast.Call) and (dotted(n.func) in names or (
+                    not isinstance(n.func, ast.Attribute) and any(dotted(a) in names for a in n.args)))
+                for i, j in regions for st in block[i:j + 1] for n in [st, *walk(st)]):
+            # allennlp's `Model._load`: nothing here runs the model (`model.extend_embedder_vocab()`);
+            # apex's casting reached its forward passes in the callers, which a region here misses
+            raise Refuse(f"the model initialized at line {s.use.line} for inference is returned: its forward passes "
+                         "run in the callers; wrap them in torch.autocast by hand")
         for i, j in regions:
             self._add_region(s.module, block, i, j, autocast_call(self.s, cond))
         self.g.note_at_anchor = "inference: the model's forward runs under autocast (no GradScaler: nothing trains)"
