@@ -27,12 +27,13 @@ from typing import Dict, List, Optional, Set, Tuple
 from ampfix.model.analysis import arg, has_star, is_const, spread_kwargs
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.flow import (
+    ancestors_stmts,
     stmt_of,
 )
 from ampfix.migration.spell import bf16, description
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses, names_apex
-from ampfix.model.semantic import block_of, dotted, walk
+from ampfix.model.semantic import block_of, dotted, param_defaults, walk
 from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
@@ -41,7 +42,9 @@ from ampfix.migration.wrappers import WrapperSteps
 from ampfix.migration.switches import SwitchSeed, built_by_configuration, find_switches, handed_to_framework
 
 from ampfix.migration.rewriter import Rewriter, param_of, returned_after, returns_in
-from ampfix.migration.seeds import Carrier, FUNCTION_KINDS, NOTES, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check
+from ampfix.migration.seeds import (
+    Carrier, FUNCTION_KINDS, NOTES, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check,
+)
 
 
 
@@ -120,7 +123,7 @@ class AmpPlanner:
         reached_by: Dict[int, Set[int]] = {}
         for i, (u, c) in enumerate(need):
             if c is not None and getattr(c, "optional", None) and u.kind == "scale_loss" and \
-                    guarded_by_what_they_leave_none(u, getattr(c, "missing_sites", [])):
+                    _guarded_by_what_they_leave_none(u, getattr(c, "missing_sites", [])):
                 continue
             if c is not None and getattr(c, "optional", None) and u.kind not in ("state_dict", "load_state_dict"):
                 solver.why.setdefault(Solver.key(u.module, u.func), c.optional)
@@ -742,7 +745,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 self._install_checks_go(s)
             if getattr(s, "unpack", None) is not None and id(s.stmt) in self.fc(s.module).touched:
                 self.fc(s.module).remove(s.unpack)
-            if getattr(s, "spread", None) and id(s.stmt) in self.fc(s.module).touched:
+            if getattr(s, "spread", ()) and id(s.stmt) in self.fc(s.module).touched:
                 for x in s.spread:
                     self.fc(s.module).remove(x)
         training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)]
@@ -901,7 +904,7 @@ def _computes_nothing_else(expr) -> bool:
     return True
 
 
-def guarded_by_what_they_leave_none(u: Use, sites) -> bool:
+def _guarded_by_what_they_leave_none(u: Use, sites) -> bool:
     """``if opt is not None: with amp.scale_loss(loss, opt) ...`` in a function whose callers
     without a scaler (an evaluation that attacks its inputs with no optimizer) all leave ``opt``
     None: they never reach the scaled backward, so the scaler may be an optional parameter
@@ -909,9 +912,6 @@ def guarded_by_what_they_leave_none(u: Use, sites) -> bool:
     f = u.func
     if f is None or not sites:
         return False
-    from ampfix.migration.flow import ancestors_stmts, stmt_of
-    from ampfix.model.semantic import param_defaults
-
     st = stmt_of(u.node)
     tested = None
     child = st

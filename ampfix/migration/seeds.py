@@ -152,6 +152,8 @@ class Seed:
         #: ``inits = amp.initialize(m, o)`` unpacked by the statement right after it
         #: (``m, o = inits`` or ``m, o = inits if test else (inits, None)``): that statement
         self.unpack: Optional[ast.Assign] = None
+        #: ``amp_args = dict(...)`` (and its stores) that ``**amp_args`` of the call came from: they go with it
+        self.spread: List[ast.stmt] = []
 
     @property
     def unit(self):

@@ -314,8 +314,6 @@ class UseRewrites:
             st = region.block[k]
             if runs_backward(st):
                 last_helper = k
-            elif not (isinstance(st, ast.Expr) and method_call(st.value, "zero_grad")) and last_helper is None:
-                break
             elif not (isinstance(st, ast.Expr) and method_call(st.value, "zero_grad")):
                 break
             k += 1
