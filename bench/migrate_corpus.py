@@ -13,9 +13,11 @@ A migrated module is *right* when its file compiles, adds no self-check problem,
 no call of a GradScaler method on a name that is also bound to None with no test of it around
 the call (``scaler = None`` on the path without AMP: an AttributeError there), and no undefined
 name pyflakes did not find in the original (with ruff installed); otherwise it is *broken*.
-Unused locals, imports and redefinitions the rewrite added are counted as debris.  Files where the rewrite left a GradScaler that nothing reads
-(dead code) are counted too.  The summary is given for the whole corpus and for its two sides
-(the manifest's holdout, and the rest).  Writes ``corpus.json`` and ``corpus.md``.
+Unused locals, imports and redefinitions the rewrite added are counted as debris.  Files where the
+rewrite left a GradScaler that nothing reads (dead code) are counted too.  The summary is given for the whole corpus and for its two sides
+(the manifest's holdout, and the rest).  A parameter the rewrite made required that a call found
+in the repository does not pass (matched by name) makes the module broken; one with no call found
+at all is counted apart: nothing here can say it is passed.  Writes ``corpus.json`` and ``corpus.md``.
 """
 from __future__ import annotations
 
@@ -154,6 +156,110 @@ def none_scaler_calls(text: str) -> list:
     return sorted(set(out))
 
 
+def _defs(tree):
+    """(qualified name, def node, class name or None) of every function."""
+    import ast
+
+    out = []
+
+    def walk(body, prefix, cls):
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + n.name, n, cls))
+                walk(n.body, prefix + n.name + ".", None)
+            elif isinstance(n, ast.ClassDef):
+                walk(n.body, prefix + n.name + ".", n.name)
+            elif isinstance(n, (ast.If, ast.Try, ast.With)):
+                walk([*n.body, *getattr(n, "orelse", []), *getattr(n, "finalbody", []),
+                      *(x for h in getattr(n, "handlers", []) for x in h.body)], prefix, cls)
+
+    walk(tree.body, "", None)
+    return out
+
+
+def _required(d) -> list:
+    a = d.args
+    pos = [*a.posonlyargs, *a.args]
+    req = [x.arg for x in pos[:len(pos) - len(a.defaults)]]
+    return req + [x.arg for x, dflt in zip(a.kwonlyargs, a.kw_defaults) if dflt is None]
+
+
+def added_required(text_before: str, text_after: str) -> list:
+    """Functions whose signature gained a parameter with no default: (name callers use, class or
+    None, the def's parameters, the new parameter)."""
+    import ast
+
+    try:
+        before, after = ast.parse(text_before), ast.parse(text_after)
+    except SyntaxError:
+        return []
+    old = {q: set(_required(d)) | {x.arg for x in [*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs]}
+           for q, d, _ in _defs(before)}
+    out = []
+    for q, d, cls in _defs(after):
+        if q not in old:
+            continue
+        for name in _required(d):
+            if name not in old[q]:
+                params = [x.arg for x in [*d.args.posonlyargs, *d.args.args]]
+                out.append((d.name, cls, params, name))
+    return out
+
+
+def unpassed(root: Path, added: list) -> tuple:
+    """Call sites in the migrated repository that do not pass a parameter the migration made
+    required (a TypeError when they run), as (key, text), and the keys of added parameters no call
+    of which was found (their callers are outside what can be read: a framework, a registry, a
+    name given elsewhere).  A call is matched by the function's name alone, so a same-named
+    function elsewhere can only make the count larger."""
+    import ast
+
+    if not added:
+        return [], []
+    names = {}
+    for fname, cls, params, new in added:
+        called = cls if fname == "__init__" and cls else fname
+        names.setdefault(called, []).append((fname, cls, params, new))
+    missing, found = [], set()
+    for f in sorted(root.rglob("*.py")):
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        if not any(n in text for n in names):
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for c in ast.walk(tree):
+            if not isinstance(c, ast.Call):
+                continue
+            callee = c.func.id if isinstance(c.func, ast.Name) else c.func.attr if isinstance(c.func, ast.Attribute) \
+                else None
+            if callee == "__init__" and isinstance(c.func, ast.Attribute):
+                entries = [e for es in names.values() for e in es if e[0] == "__init__"]
+            else:
+                entries = names.get(callee, [])
+            for fname, cls, params, new in entries:
+                found.add((fname, cls, new))
+                if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+                    continue
+                if any(k.arg == new for k in c.keywords):
+                    continue
+                bound = params[1:] if cls and params and params[0] in ("self", "cls") else params
+                if fname == "__init__" and isinstance(c.func, ast.Attribute) and c.func.attr == "__init__" and \
+                        not (isinstance(c.func.value, ast.Call) and getattr(c.func.value.func, "id", "") == "super"):
+                    bound = params  # Base.__init__(self, ...)
+                if new in bound and bound.index(new) < len(c.args):
+                    continue
+                where = f"{os.path.relpath(f, root)}:{c.lineno}"
+                missing.append(((fname, cls, new), f"{where} {callee}(...) without `{new}`"))
+    unseen = {(fname, cls, new) for fname, cls, _, new in (e for es in names.values() for e in es)
+              if (fname, cls, new) not in found}
+    return missing, unseen
+
+
 #: pyflakes' findings (through ruff, when it is installed: `pip install ruff`) that a rewrite must
 #: not add: an undefined name or one read before it is bound is a broken file; an unused local, an
 #: unused import or a redefinition is debris a reviewer would not merge
@@ -251,6 +357,13 @@ def main(argv=None) -> int:
         after_by = defaultdict(list)
         for d in after:
             after_by[d["path"]].append(d)
+        required = {}  # file -> parameters the migration made required there
+        for path in sorted(set(by) | set(after_by)):
+            rel = os.path.relpath(path, tmp)
+            if (repo / rel).exists() and Path(path).exists():
+                required[path] = added_required((repo / rel).read_text(errors="replace"),
+                                                Path(path).read_text(errors="replace"))
+        missing, unseen = unpassed(tmp, [a for v in required.values() for a in v])
         for path in sorted(set(by) | set(after_by)):
             rel = os.path.relpath(path, tmp)
             text_before = (repo / rel).read_text(errors="replace") if (repo / rel).exists() else ""
@@ -274,10 +387,15 @@ def main(argv=None) -> int:
             # a name already undefined in the original (one more read of it) is not the rewrite's
             undefined = sorted({m for (c, m) in added if c in BROKEN_FLAKES} - set(m for (c, m) in flakes(text_before)))
             debris = sorted(m for (c, m) in added if c in DEBRIS_FLAKES)
+            mine = {(f, c, new) for f, c, _, new in required.get(path, [])}
+            not_passed = [m for k, m in missing if k in mine]
+            not_found = sorted(f"{c + '.' if c else ''}{f}({new})" for f, c, new in mine & unseen)
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
-                          "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris})
-            ok = compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
+                          "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
+                          "required_not_passed": not_passed, "required_callers_not_found": not_found})
+            ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
+                  and not not_passed)
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:
@@ -319,6 +437,10 @@ def main(argv=None) -> int:
             "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
             "files with an undefined name added": sum(bool(f.get("undefined_names")) for f in fls),
             "files with debris added (unused local, import, redefinition)": sum(bool(f.get("debris")) for f in fls),
+            "files with a required parameter added that a caller does not pass":
+                sum(bool(f.get("required_not_passed")) for f in fls),
+            "files with a required parameter added whose callers were not found":
+                sum(bool(f.get("required_callers_not_found")) for f in fls),
         }
 
     summary = side(modules, files)

@@ -1,0 +1,55 @@
+"""The corpus measurement's own checks (bench/migrate_corpus.py): what they count as broken must
+be what breaks a user's code."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("migrate_corpus", ROOT / "bench" / "migrate_corpus.py")
+mc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mc)
+
+BEFORE = '''
+class Model:
+    @classmethod
+    def _load(cls, config, weights):
+        return cls()
+
+def train(model, optimizer, loader):
+    pass
+'''
+AFTER = '''
+class Model:
+    @classmethod
+    def _load(cls, config, weights, scaler):
+        return cls()
+
+def train(model, optimizer, loader, scaler, amp_dtype=None):
+    pass
+'''
+
+
+def test_added_required_parameters_are_found():
+    got = mc.added_required(BEFORE, AFTER)
+    assert [(f, c, new) for f, c, _, new in got] == [("_load", "Model", "scaler"), ("train", None, "scaler")]
+    # a parameter with a default is not required; an unchanged signature adds nothing
+    assert mc.added_required(BEFORE, BEFORE) == []
+
+
+def test_a_call_that_does_not_pass_the_new_parameter_is_reported(tmp_path):
+    (tmp_path / "m.py").write_text(AFTER)
+    (tmp_path / "run.py").write_text(
+        "from m import Model, train\n"
+        "Model._load(cfg, w)\n"                      # misses scaler: a TypeError
+        "train(m, o, l, scaler)\n"                   # passes it by position
+        "train(m, o, l, scaler=s)\n"                 # by keyword
+        "train(*args)\n")                            # cannot tell: not counted
+    missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
+    assert [text for _, text in missing] == ["run.py:2 _load(...) without `scaler`"]
+    assert unseen == set()
+
+
+def test_a_parameter_no_call_reaches_is_counted_apart(tmp_path):
+    (tmp_path / "m.py").write_text(AFTER)
+    missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
+    assert missing == []
+    assert unseen == {("_load", "Model", "scaler"), ("train", None, "scaler")}
