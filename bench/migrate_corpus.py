@@ -215,7 +215,7 @@ def unpassed(root: Path, added: list) -> tuple:
     import ast
 
     if not added:
-        return [], []
+        return [], set()
     names = {}
     for fname, cls, params, new in added:
         called = cls if fname == "__init__" and cls else fname

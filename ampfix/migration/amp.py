@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from ampfix.model.analysis import arg, has_star, is_const, spread_kwargs
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.flow import (
+    OPTIMIZERS,
     ancestors_stmts,
     stmt_of,
 )
@@ -41,7 +42,7 @@ from ampfix.migration.use_rewrites import UseRewrites
 from ampfix.migration.wrappers import WrapperSteps
 from ampfix.migration.switches import SwitchSeed, built_by_configuration, find_switches, handed_to_framework
 
-from ampfix.migration.rewriter import Rewriter, param_of, returned_after, returns_in
+from ampfix.migration.rewriter import Rewriter, none_tests, param_of, returned_after, returns_in
 from ampfix.migration.seeds import (
     Carrier, FUNCTION_KINDS, NOTES, SCALER_KINDS, Seed, Use, apex_import_specs, availability_check,
 )
@@ -351,6 +352,10 @@ class AmpPlanner:
                     telts = list(t.elts) if isinstance(t, (ast.Tuple, ast.List)) else [t]
                     if len(telts) != len(returned) and len(telts) in other:
                         continue
+                    if self._not_this_callers(s, f, cs):
+                        continue
+                    held = {id(a) for a, param, wants_none in none_tests(s.stmt, f)
+                            if not wants_none and self._an_optimizer(cs, cs.argument(param))}
                     if len(telts) != len(returned):
                         raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} unpacks "
                                      f"{len(telts)} values of {len(returned)}")
@@ -358,6 +363,7 @@ class AmpPlanner:
                     nxt += 1
                     v.module, v.func, v.stmt, v.call = cs.module, cs.caller, st, cs.node
                     v.exported_from = (s, cs, telts, returned)
+                    v.none_held = held
                     # the setup also saves or loads apex's state: the scaler is made before the
                     # call and handed to it, so its options may only read the call's arguments
                     v.before_call = bool(own)
@@ -523,6 +529,51 @@ class AmpPlanner:
         return "amp_grad_scaler"
 
     # -- seeds ---------------------------------------------------------------------------------
+    def _not_this_callers(self, s: Seed, f, cs) -> bool:
+        """The seed runs only where a parameter is None (``if optimizer is None: model =
+        amp.initialize(model, ...)``, the setup's inference path) and this call hands it an
+        optimizer that torch made, or only where it is not None and this call hands it None:
+        the seed never runs for this caller."""
+        for a, param, wants_none in none_tests(s.stmt, f):
+            given = cs.argument(param)
+            if (wants_none and self._an_optimizer(cs, given)) or (not wants_none and is_const(given, None)):
+                return True
+        return False
+
+    def _an_optimizer(self, cs, a) -> bool:
+        """``a``, at the call ``cs``, is a name the caller binds only to optimizers that torch
+        makes (``optimizer = AdamW(...)``, or a project function that returns one)."""
+        if not isinstance(a, ast.Name):
+            return False
+        unit = cs.caller.node if cs.caller is not None else cs.module.tree
+        here = stmt_of(cs.node)
+        binds = [stmt_of(n) for n in walk(unit) if isinstance(n, ast.Name) and n.id == a.id
+                 and isinstance(n.ctx, ast.Store)]
+        values = [b.value for b in binds if b is not here]
+        return bool(values) and all(isinstance(b, ast.Assign) for b in binds) and \
+            all(self._makes_optimizer(cs.module, v) for v in values)
+
+    def _makes_optimizer(self, module, v, depth: int = 0) -> bool:
+        if not isinstance(v, ast.Call):
+            return False
+        if (dotted(v.func) or "").split(".")[-1] in OPTIMIZERS:
+            return True
+        f, _ = self.p.resolve(module, v.func)
+        if f is None or depth > 1:
+            return False
+        rets = returns_in(f.node)
+        for r in rets:
+            x = r.value
+            if isinstance(x, ast.Name):
+                binds = [stmt_of(n) for n in walk(f.node) if isinstance(n, ast.Name) and n.id == x.id
+                         and isinstance(n.ctx, ast.Store)]
+                if not binds or not all(isinstance(b, ast.Assign) and self._makes_optimizer(f.module, b.value, depth + 1)
+                                        for b in binds):
+                    return False
+            elif not self._makes_optimizer(f.module, x, depth + 1):
+                return False
+        return bool(rets)
+
     def _read_seed(self, s: Seed) -> None:
         call = s.call
         if call is None:
@@ -542,6 +593,10 @@ class AmpPlanner:
         s.optimizers = opts
         s.training = opts is not None and not is_const(opts, None) and not (
             isinstance(opts, (ast.List, ast.Tuple)) and not opts.elts)
+        if s.training and isinstance(opts, ast.Name) and s.func is not None and any(
+                p == opts.id and wants_none for _, p, wants_none in none_tests(s.stmt, s.func)):
+            s.training = False  # `if optimizer is None: amp.initialize(model, optimizer)`: None there
+            s.optimizer_none = True
         if s.training and self._never_trains(s):
             s.training = False
 

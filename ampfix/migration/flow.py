@@ -138,6 +138,12 @@ def is_main_guard(stmt) -> bool:
         any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides)
 
 
+#: torch.optim's optimizers (an optimizer made only to be handed to amp.initialize goes with it;
+#: a name bound only to one of them is not None)
+OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "ASGD",
+                        "NAdam", "RAdam", "LBFGS", "SparseAdam"})
+
+
 # ------------------------------------------------------------------------------ data flow
 def assigned(stmt) -> Set[str]:
     """Names (and dotted targets) a statement binds, nested statements included."""

@@ -10,9 +10,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ampfix.model.analysis import arg
 from ampfix.migration.groups import FileChanges, Group, Refuse
-from ampfix.migration.flow import (
-    guards,
-)
+from ampfix.migration.flow import ancestors_stmts, guards
 from ampfix.model.semantic import block_of, dotted, param_defaults, walk
 from ampfix.rule import ImportSpec
 
@@ -194,12 +192,43 @@ def returned_after(f, stmt) -> List[str]:
     return names or []
 
 
+def none_tests(stmt, f) -> List[Tuple[ast.If, str, bool]]:
+    """The ``if`` statements around ``stmt`` in ``f`` that test a parameter against None
+    (``if optimizer is None:``), each with the parameter and whether ``stmt`` runs where it is
+    None."""
+    params = set(f.positional) | set(f.kwonly)
+    out = []
+    for a in ancestors_stmts(stmt, f.node):
+        if not (isinstance(a, ast.If) and isinstance(a.test, ast.Compare) and len(a.test.ops) == 1
+                and isinstance(a.test.ops[0], (ast.Is, ast.IsNot)) and isinstance(a.test.left, ast.Name)
+                and a.test.left.id in params and isinstance(a.test.comparators[0], ast.Constant)
+                and a.test.comparators[0].value is None):
+            continue
+        in_body = any(x is stmt or any(y is stmt for y in walk(x)) for x in a.body)
+        out.append((a, a.test.left.id, in_body == isinstance(a.test.ops[0], ast.Is)))
+    return out
+
+
 def param_of(s, f, keyword: str, position: int) -> Optional[str]:
     """The parameter of ``f`` that the seed's argument ``keyword``/``position`` reads, if it is one."""
     a = arg(s.call, keyword, position)
     if isinstance(a, ast.Name) and (a.id in f.positional or a.id in f.kwonly):
         return a.id
     return None
+
+
+def _same_global(name: str, orig, cs) -> bool:
+    """``name``, read in the seed's function, is a global of its module, and the call site, in
+    that module, reads the same global (``if cfg.amp:`` around the seed, ``cfg`` imported at the
+    module's top): the caller can say it as written."""
+    if cs.module is not orig.module:
+        return False
+    sem = orig.module.sem
+    inner = sem.scope_for(orig.func.node)
+    if inner is None or sem.resolve(name, inner) is not sem.module_scope:
+        return False
+    at = sem.scope_for(cs.caller.node) if cs.caller is not None else sem.module_scope
+    return at is not None and sem.resolve(name, at) is sem.module_scope
 
 
 def substitute(text: str, orig, cs) -> str:
@@ -222,6 +251,8 @@ def substitute(text: str, orig, cs) -> str:
                     raise Refuse(f"`{f.qualname}` at {cs.module.path} line {cs.node.lineno} does not pass `{node.id}`")
                 said[node.id] = src
                 return ast.parse(src, mode="eval").body
+            if _same_global(node.id, orig, cs):
+                return node
             raise Refuse(f"amp.initialize in `{f.qualname}` depends on `{node.id}`, which its callers cannot see")
 
     new = Sub().visit(tree)

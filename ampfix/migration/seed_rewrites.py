@@ -9,18 +9,13 @@ from ampfix.model.apex import apex_value_condition, fold_installed
 from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, read, stmt_of,
-    terminates,
+    OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, read,
+    stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
-from ampfix.migration.rewriter import quoted_as, returns_after, substitute
+from ampfix.migration.rewriter import none_tests, quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
-
-
-#: torch.optim's optimizers (an optimizer made only to be handed to amp.initialize goes with it)
-_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "Rprop", "ASGD",
-                         "NAdam", "RAdam", "LBFGS", "SparseAdam"})
 
 
 def _only_reports(body) -> bool:
@@ -389,11 +384,15 @@ class SeedRewrites:
         # the seed's values (`if opt.is_train:` ... `return model, optimizers`): it says nothing more
         reached = returns_after(orig.func, orig.stmt)
         held = {id(a) for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If) and reached and all(
-            _same_branch(a, orig.stmt, r) for r in reached)}
+            _same_branch(a, orig.stmt, r) for r in reached)} | s.none_held
         gs = [g for g in guards(orig.stmt, orig.unit) if id(g) not in held]
         around = [a for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If) and id(a) not in held]
         negated = [a for a in around if a not in gs and not terminates(a.body)]
-        if negated:
+        # `if optimizer is None: <inference> else: <this seed>`: the callers that pass None do not
+        # get this seed (amp.py routes each call to the seeds its argument reaches); the others
+        # make the scaler when what they pass is not None
+        by_none = {id(a) for a, _, wants_none in none_tests(orig.stmt, orig.func) if not wants_none}
+        if [a for a in negated if id(a) not in by_none]:
             # each caller would make a scaler, those that only evaluate too: not planned yet
             raise Refuse(f"line {orig.stmt.lineno} runs in the `else` (or `elif`) of the `if` at line "
                          f"{negated[0].lineno} in `{orig.func.qualname}`, whose callers would make the scaler: make "
@@ -642,7 +641,7 @@ class SeedRewrites:
             return
         st = stmt_of(binds[0])
         if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is binds[0]
-                and isinstance(st.value, ast.Call) and (dotted(st.value.func) or "").split(".")[-1] in _OPTIMIZERS):
+                and isinstance(st.value, ast.Call) and (dotted(st.value.func) or "").split(".")[-1] in OPTIMIZERS):
             return
         self.fc(s.module).remove(st)
         self.notes.add(f"`{name}` was made only for amp.initialize: it goes with it")
@@ -661,11 +660,16 @@ class SeedRewrites:
         m = s.module
         fc = self.fc(m)
         gs = guards(s.stmt, s.unit)
+        ifs = []
         for a in ancestors_stmts(s.stmt, s.unit):
-            if not (a in gs or isinstance(a, DEFS + (ast.With, ast.AsyncWith))):
+            # an `elif` (the `else` of an `if`) holds it like a guard: a disabled scaler made
+            # before the outermost `if` is there on every path
+            if isinstance(a, ast.If):
+                ifs.append(a)
+            elif not isinstance(a, DEFS + (ast.With, ast.AsyncWith)):
                 raise Refuse(f"line {s.stmt.lineno}: the scaler's options are set inside the `{type(a).__name__.lower()}`"
                              f" at line {a.lineno}; make the scaler by hand")
-        top = gs[-1]
+        top = ifs[-1] if ifs else gs[-1]
         args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
         col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
         made = self._made(target, args, enabled, col, always=True)
@@ -796,7 +800,8 @@ class SeedRewrites:
             raise Refuse(f"amp.initialize at line {s.use.line} is not a statement of its own")
         target = (s.unpack or assign).targets[0]
         # `amp.initialize(model, None, ...)` returns the model alone, as with no optimizers at all
-        src = [s.models] + ([s.optimizers] if s.optimizers is not None and not is_const(s.optimizers, None) else [])
+        src = [s.models] + ([s.optimizers] if s.optimizers is not None and not is_const(s.optimizers, None)
+                            and not s.optimizer_none else [])
         tnodes = list(target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
         # `m, [o1, o2] = amp.initialize(m, [a, b])`: pair the inner lists element by element
         flat_t, flat_s = [], []
@@ -972,7 +977,7 @@ class SeedRewrites:
         for level in levels:
             owner, field, block = block_of(level)
             idx = next(i for i, x in enumerate(block) if x is level)
-            held = set(model_names)
+            held = set(model_names) | self._owners(s, model_names)
             touching = []
             for j in range(idx + 1, len(block)):
                 x = block[j]
@@ -1048,6 +1053,23 @@ class SeedRewrites:
                 return
         self.fc(s.module).remove(st)
         self.notes.add(f"`{opt.id}` was built only to hand to apex's initialize: it goes with it")
+
+    @staticmethod
+    def _owners(s: Seed, model_names: Set[str]) -> Set[str]:
+        """Objects the initialized models were taken from, before the seed in its function
+        (``img_model, txt_model = bi_encoder.img_model, bi_encoder.txt_model``): running them
+        runs the models (the same modules, which apex had patched)."""
+        out: Set[str] = set()
+        for n in walk(s.unit):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and n.lineno < s.stmt.lineno):
+                continue
+            t, v = n.targets[0], n.value
+            pairs = zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) and \
+                len(t.elts) == len(v.elts) else [(t, v)]
+            for a, b in pairs:
+                if dotted(a) in model_names and isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name):
+                    out.add(b.value.id)
+        return out
 
     @staticmethod
     def _blank_between(stmt) -> bool:

@@ -154,6 +154,12 @@ class Seed:
         self.unpack: Optional[ast.Assign] = None
         #: ``amp_args = dict(...)`` (and its stores) that ``**amp_args`` of the call came from: they go with it
         self.spread: List[ast.stmt] = []
+        #: the optimizer handed in is a parameter that is None where the seed runs
+        #: (``if optimizer is None: model = amp.initialize(model, optimizer)``): it returns the model alone
+        self.optimizer_none = False
+        #: (a seed exported to a caller) ids of the ``if P is None`` tests around the original that
+        #: this call settles: it hands P an optimizer torch made, so the seed's `else` side holds
+        self.none_held: Set[int] = set()
 
     @property
     def unit(self):

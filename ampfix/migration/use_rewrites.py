@@ -434,7 +434,11 @@ class UseRewrites:
         this): no forward pass is there."""
         if not (isinstance(loss, ast.Name) and loss.id in [*func.positional, *func.kwonly]):
             return False
-        return all(loss.id in read(st) and loss.id in assigned(st) and self._calls_rescale(func.module, st, loss.id)
+        def reads_loss(st) -> bool:  # `loss /= n` reads it too
+            return loss.id in read(st) or any(isinstance(n, ast.AugAssign) and dotted(n.target) == loss.id
+                                              for n in [st, *walk(st)])
+
+        return all(reads_loss(st) and loss.id in assigned(st) and self._calls_rescale(func.module, st, loss.id)
                    for st in region.stmts)
 
     def _calls_rescale(self, module, st, name: str, depth: int = 0) -> bool:

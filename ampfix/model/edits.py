@@ -281,9 +281,22 @@ class Builder:
             if not self.own_lines(s):
                 raise Conflict(f"line {s.lineno} holds more than one statement")
         ind_c, ind_b = self.indent(compound), self.indent(body[0])
+        if self.is_elif(compound):
+            # `if a: ... elif b: <kept> else: ...`: the kept block is the `else` of the `if` above
+            # (dedented, it would run after that `if` on every path); a kept `elif` stays one
+            if self.is_elif(body[0]):
+                return Edit(a, b, region=True, inner=(self.src.starts[body[0].lineno - 1], ib))
+            if ind_b == ind_c:
+                raise Conflict(f"line {body[0].lineno}: unexpected indentation")
+            return Edit(a, b, region=True, inner=(ia, ib), before=f"{ind_c}else:{self.nl}")
         if not ind_b.startswith(ind_c) or ind_b == ind_c:
             raise Conflict(f"line {body[0].lineno}: unexpected indentation")
         return Edit(a, b, region=True, inner=(ia, ib), dedent=unit or ind_b[len(ind_c):])
+
+    def is_elif(self, stmt) -> bool:
+        """An ``if`` written as the ``elif`` of another."""
+        return isinstance(stmt, ast.If) and self.src.text.startswith("elif", self.src.offset(stmt.lineno,
+                                                                                          stmt.col_offset))
 
     # -- call arguments ----------------------------------------------------------------------
     def open_paren(self, call) -> int:
