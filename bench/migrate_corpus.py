@@ -14,8 +14,8 @@ no call of a GradScaler method on a name that is also bound to None with no test
 the call (``scaler = None`` on the path without AMP: an AttributeError there), and no undefined
 name pyflakes did not find in the original (with ruff installed); otherwise it is *broken*.
 Unused locals, imports and redefinitions the rewrite added are counted as debris.  Files where the
-rewrite left a GradScaler that nothing reads (dead code) are counted too.  The summary is given for the whole corpus and for its two sides
-(the manifest's holdout, and the rest).  A parameter the rewrite made required that a call found
+rewrite left a GradScaler that nothing reads (dead code) are counted too.  The summary is given for
+the whole corpus and for its two sides (the manifest's holdout, and the rest).  A parameter the rewrite made required that a call found
 in the repository does not pass (matched by name) makes the module broken; one with no call found
 at all is counted apart: nothing here can say it is passed.  Writes ``corpus.json`` and ``corpus.md``.
 """
@@ -232,15 +232,33 @@ def unpassed(root: Path, added: list) -> tuple:
             tree = ast.parse(text)
         except SyntaxError:
             continue
+        # `from m import Restorer as R`: R(...) calls Restorer; `import m`: m.f(...) calls f
+        renamed, modules = {}, set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                renamed.update({a.asname: a.name for a in n.names if a.asname})
+                modules.update(a.asname or a.name for a in n.names)
+            elif isinstance(n, ast.Import):
+                modules.update((a.asname or a.name).split(".")[0] for a in n.names)
         for c in ast.walk(tree):
             if not isinstance(c, ast.Call):
                 continue
-            callee = c.func.id if isinstance(c.func, ast.Name) else c.func.attr if isinstance(c.func, ast.Attribute) \
-                else None
+            if isinstance(c.func, ast.Name):
+                callee = renamed.get(c.func.id, c.func.id)
+            elif isinstance(c.func, ast.Attribute):
+                callee = c.func.attr
+            else:
+                continue
             if callee == "__init__" and isinstance(c.func, ast.Attribute):
                 entries = [e for es in names.values() for e in es if e[0] == "__init__"]
             else:
                 entries = names.get(callee, [])
+            # a module function is called by its name or through its module (`utils.train(...)`),
+            # a method through an object (`model.train()` is not a call of a function `train`)
+            through_module = isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and \
+                c.func.value.id in modules
+            entries = [e for e in entries if e[0] == "__init__" or (
+                isinstance(c.func, ast.Name) or through_module if e[1] is None else isinstance(c.func, ast.Attribute))]
             for fname, cls, params, new in entries:
                 found.add((fname, cls, new))
                 if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):

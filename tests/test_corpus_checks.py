@@ -53,3 +53,16 @@ def test_a_parameter_no_call_reaches_is_counted_apart(tmp_path):
     missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
     assert missing == []
     assert unseen == {("_load", "Model", "scaler"), ("train", None, "scaler")}
+
+
+def test_calls_are_matched_as_python_would_bind_them(tmp_path):
+    (tmp_path / "m.py").write_text(AFTER)
+    (tmp_path / "run.py").write_text(
+        "import m\n"
+        "from m import Model as Restorer\n"
+        "model.train()\n"                            # a method of another object: not `train`
+        "m.train(a, b, c)\n"                         # through its module: misses scaler
+        "Restorer._load(cfg, w, scaler=s)\n")
+    missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
+    assert [text for _, text in missing] == ["run.py:4 train(...) without `scaler`"]
+    assert unseen == set()
