@@ -2,7 +2,9 @@
 ``else`` of the ``if`` above it); the AMP switch read from a module global (``cfg.amp`` of ``from
 config import cfg``) in a setup function; a setup that initializes apex for inference where the
 optimizer handed in is None and for training where it is not (each caller gets the seed its
-argument reaches); a loss rescaled with ``loss /= n`` in a function that takes the loss."""
+argument reaches); a loss rescaled with ``loss /= n`` in a function that takes the loss; the scaled
+helper called through ``functools.partial`` from a class that keeps the object initializing apex in
+an attribute (stylegan2's Trainer and ``self.GAN``)."""
 import ast
 import subprocess
 import sys
@@ -251,3 +253,87 @@ def test_a_loss_rescaled_in_place_is_not_a_forward_pass(tmp_path):
     out = run(tmp_path)
     assert "autocast" not in "".join(ln for ln in out.output.splitlines(True) if ln.startswith("+"))
     assert "as the parameter `loss` of `Box.update_params`" in out.output
+
+
+def test_a_partial_of_the_scaled_helper_and_an_object_holding_the_setup(tmp_path):
+    # stylegan2's shape: the Trainer keeps the GAN in `self.GAN` (which initializes apex in its
+    # __init__) and calls the scaled helper through `backwards = partial(loss_backwards, self.fp16)`
+    write(tmp_path, {"gan.py": GAN})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "gan.py").read_text()
+    assert "apex" not in text
+    assert 'self.scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))' in text
+    assert "backwards = partial(loss_backwards, self.fp16)" in text
+    assert text.count("scaler=self.GAN.scaler)") == 2
+    assert "self.GAN.scaler.step(self.GAN.D_opt)" in text and "self.GAN.scaler.step(self.GAN.G_opt)" in text
+    assert "def loss_backwards(fp16, loss, optimizer, *, scaler, **kwargs):" in text
+    r = subprocess.run([sys.executable, "gan.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    assert "would be rewritten" not in run(tmp_path).output
+
+
+def test_a_partial_handed_on_is_a_value(tmp_path):
+    src = GAN.replace("        for _ in range(2):", "        self.hook = backwards\n        for _ in range(2):")
+    write(tmp_path, {"gan.py": src})
+    out = run(tmp_path)
+    assert "is used other than by a call" in out.output
+    assert "would be rewritten: apex" not in out.output
+
+
+GAN = textwrap.dedent('''\
+    from functools import partial
+
+    import torch
+    from apex import amp
+
+
+    def loss_backwards(fp16, loss, optimizer, **kwargs):
+        if fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+
+    class GAN(torch.nn.Module):
+        def __init__(self, fp16=False):
+            super().__init__()
+            self.G = torch.nn.Linear(4, 4)
+            self.D = torch.nn.Linear(4, 1)
+            self.G_opt = torch.optim.Adam(self.G.parameters(), lr=1e-3)
+            self.D_opt = torch.optim.Adam(self.D.parameters(), lr=1e-3)
+            self.fp16 = fp16
+            if fp16:
+                (self.G, self.D), (self.G_opt, self.D_opt) = amp.initialize(
+                    [self.G, self.D], [self.G_opt, self.D_opt], opt_level="O1")
+
+
+    class Trainer:
+        def __init__(self, fp16=False):
+            self.fp16 = fp16
+            self.GAN = None
+
+        def init_GAN(self):
+            self.GAN = GAN(fp16=self.fp16)
+
+        def train(self):
+            if self.GAN is None:
+                self.init_GAN()
+            backwards = partial(loss_backwards, self.fp16)
+            for _ in range(2):
+                z = torch.randn(3, 4)
+                self.GAN.D_opt.zero_grad()
+                disc_loss = self.GAN.D(self.GAN.G(z)).mean()
+                backwards(disc_loss, self.GAN.D_opt)
+                self.GAN.D_opt.step()
+                self.GAN.G_opt.zero_grad()
+                gen_loss = -self.GAN.D(self.GAN.G(z)).mean()
+                backwards(gen_loss, self.GAN.G_opt)
+                self.GAN.G_opt.step()
+
+
+    if __name__ == "__main__":
+        Trainer().train()
+        print("ok")
+''')

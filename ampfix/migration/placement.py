@@ -65,6 +65,9 @@ class Solver:
                     and s.func.is_method and self.related(s.func, func)]
             if same:
                 return Carrier("self", {s.idx for s in same}, "self." + self.name)
+            held = self._held(module, func)
+            if held is not None:
+                return held
 
         if func.cls is not None and func.is_method and func.node.name != "__init__":
             # whoever builds the object hands it the scaler: its __init__ keeps it on self
@@ -150,6 +153,40 @@ class Solver:
         carrier = Carrier("self", c.seeds, "self." + self.name)
         carrier.via_init = (init, c)
         return carrier
+
+    def _held(self, module, func) -> Optional[Carrier]:
+        """The method reads ``self.gan.<...>``, and its class keeps in ``self.gan`` only objects of
+        one project class (``self.gan = GAN(...)``, or None) whose methods initialize apex: the
+        scaler those keep on themselves is ``self.gan.scaler`` here (stylegan2's Trainer and
+        its StyleGAN2)."""
+        cls = func.cls
+        read = sorted({n.value.attr for n in walk(func.node) if isinstance(n, ast.Attribute)
+                       and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
+                       and n.value.value.id == "self" and isinstance(n.value.ctx, ast.Load)})
+        for attr in read:
+            made = set()
+            for n in walk(cls, into_functions=True):
+                if not isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                    continue
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                if not any(dotted(t) == "self." + attr for x in targets for t in [x, *walk(x)]):
+                    continue
+                v = n.value if isinstance(n, ast.Assign) and len(n.targets) == 1 and \
+                    dotted(n.targets[0]) == "self." + attr else None
+                if isinstance(v, ast.Constant) and v.value is None:
+                    continue
+                f, _ = self.p.resolve(module, v.func) if isinstance(v, ast.Call) else (None, False)
+                if f is None or f.node.name != "__init__" or f.cls is None:
+                    made = set()
+                    break
+                made.add(id(f.cls))
+            if len(made) != 1:
+                continue
+            seeds = {s.idx for s in self.seeds if s.training and s.func is not None and s.func.is_method
+                     and s.func.cls is not None and id(s.func.cls) in made and not getattr(s, "exported", False)}
+            if seeds:
+                return Carrier("held", seeds, f"self.{attr}.{self.name}")
+        return None
 
     def related(self, a, b) -> bool:
         """Methods of one class, or of a class and its project base; or, further up, methods one

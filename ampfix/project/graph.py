@@ -17,7 +17,7 @@ import ast
 import os
 import re
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ampfix.model.semantic import Model, dotted, walk
 from ampfix.model.source import Source, SourceError
@@ -53,12 +53,20 @@ class CallSite:
     """A call of a project function: ``node`` (ast.Call) in ``caller`` (None at module level)."""
 
     def __init__(self, node: ast.Call, module: "Module", caller: Optional[Function], callee: Function,
-                 bound_self: bool) -> None:
+                 bound_self: bool, bound: Sequence[ast.expr] = ()) -> None:
         self.node = node
         self.module = module
         self.caller = caller
         self.callee = callee
         self.bound_self = bound_self  # self.m(...) / obj.m(...): the first parameter is implicit
+        #: the positional arguments ``functools.partial`` bound before this call's
+        #: (``backwards = partial(loss_backwards, self.fp16)`` ... ``backwards(loss, opt)``)
+        self.bound = list(bound)
+
+    @property
+    def args(self) -> List[ast.expr]:
+        """The positional arguments the callee receives, the partial's first."""
+        return [*self.bound, *self.node.args]
 
     def argument(self, param: str) -> Optional[ast.expr]:
         """The expression this call passes for ``param`` (None if none or unknowable)."""
@@ -67,12 +75,42 @@ class CallSite:
             if k.arg == param:
                 return k.value
         pos = f.positional[1:] if self.bound_self or (f.is_method and f.qualname.endswith(".__init__")) else f.positional
-        for i, a in enumerate(call.args):
+        for i, a in enumerate(self.args):
             if isinstance(a, ast.Starred):
                 return None
             if i < len(pos) and pos[i] == param:
                 return a
         return None
+
+
+def _partial_calls(m: "Module", n) -> Optional[List[ast.Call]]:
+    """``alias = partial(f, a, b)`` (``n`` is ``f``) in a function (or the module) whose every other
+    use of ``alias`` calls it: those calls, which call ``f`` with ``a, b`` first; None otherwise
+    (the partial is handed on, stored, given keywords or reassigned: ``f`` is used as a value)."""
+    p = getattr(n, "_p", None)
+    if not (isinstance(p, ast.Call) and p.args and p.args[0] is n and not p.keywords
+            and (dotted(p.func) or "") in ("partial", "functools.partial")
+            and not any(isinstance(a, ast.Starred) for a in p.args)):
+        return None
+    st = getattr(p, "_p", None)
+    if not (isinstance(st, ast.Assign) and st.value is p and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+        return None
+    alias = st.targets[0].id
+    unit = st
+    while unit is not None and not isinstance(unit, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        unit = getattr(unit, "_p", None)
+    if unit is None:
+        return None
+    calls = []
+    for x in walk(unit, into_functions=True):
+        if isinstance(x, ast.Name) and x.id == alias and x is not st.targets[0]:
+            q = getattr(x, "_p", None)
+            if not (isinstance(x.ctx, ast.Load) and isinstance(q, ast.Call) and q.func is x):
+                return None
+            calls.append(q)
+        elif isinstance(x, (ast.Global, ast.Nonlocal)) and alias in x.names:
+            return None
+    return calls
 
 
 class Module:
@@ -568,8 +606,15 @@ class Project:
                             continue
                         if isinstance(n, ast.Name) or isinstance(n.value, ast.Name):
                             f, _ = self.resolve(m, n)
-                            if f is not None:
+                            if f is None:
+                                continue
+                            calls = _partial_calls(m, n)
+                            if calls is None:
                                 self._refs.setdefault(id(f.node), []).append(n)
+                                continue
+                            for c in calls:
+                                self._calls.setdefault(id(f.node), []).append(
+                                    CallSite(c, m, m.function_of(c), f, False, p.args[1:]))
 
     def _load_mentioning(self, name: str) -> None:
         """Read the files given for this run (not read yet) whose text names ``name``: callers
