@@ -15,9 +15,11 @@ the call (``scaler = None`` on the path without AMP: an AttributeError there), a
 name pyflakes did not find in the original (with ruff installed); otherwise it is *broken*.
 Unused locals, imports and redefinitions the rewrite added are counted as debris.  Files where the
 rewrite left a GradScaler that nothing reads (dead code) are counted too.  The summary is given for
-the whole corpus and for its two sides (the manifest's holdout, and the rest).  A parameter the rewrite made required that a call found
-in the repository does not pass (matched by name) makes the module broken; one with no call found
-at all is counted apart: nothing here can say it is passed.  Writes ``corpus.json`` and ``corpus.md``.
+the whole corpus and for its two sides (the manifest's holdout, and the rest).  A parameter the
+rewrite made required that a call found in the repository does not pass (matched as Python binds
+names: a script's own function of that name is not the one) makes the module broken; one with no
+call found at all is counted apart: nothing here can say it is passed.  Writes ``corpus.json`` and
+``corpus.md``.
 """
 from __future__ import annotations
 
@@ -217,9 +219,10 @@ def unpassed(root: Path, added: list) -> tuple:
     if not added:
         return [], set()
     names = {}
-    for fname, cls, params, new in added:
+    for fname, cls, params, new, *home in added:
         called = cls if fname == "__init__" and cls else fname
-        names.setdefault(called, []).append((fname, cls, params, new))
+        # the file that defines it (None: not known)
+        names.setdefault(called, []).append((fname, cls, params, new, home[0] if home else None))
     missing, found = [], set()
     for f in sorted(root.rglob("*.py")):
         try:
@@ -233,13 +236,17 @@ def unpassed(root: Path, added: list) -> tuple:
         except SyntaxError:
             continue
         # `from m import Restorer as R`: R(...) calls Restorer; `import m`: m.f(...) calls f
-        renamed, modules = {}, set()
+        renamed, modules, imported = {}, set(), set()
         for n in ast.walk(tree):
             if isinstance(n, ast.ImportFrom):
                 renamed.update({a.asname: a.name for a in n.names if a.asname})
                 modules.update(a.asname or a.name for a in n.names)
+                imported.update(a.name for a in n.names)
             elif isinstance(n, ast.Import):
                 modules.update((a.asname or a.name).split(".")[0] for a in n.names)
+        # a script's own `def train_one_epoch` is the one its plain calls reach
+        own = {d.name for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        here = f.resolve()
         for c in ast.walk(tree):
             if not isinstance(c, ast.Call):
                 continue
@@ -259,8 +266,11 @@ def unpassed(root: Path, added: list) -> tuple:
                 c.func.value.id in modules
             entries = [e for e in entries if e[0] == "__init__" or (
                 isinstance(c.func, ast.Name) or through_module if e[1] is None else isinstance(c.func, ast.Attribute))]
-            for fname, cls, params, new in entries:
-                found.add((fname, cls, new))
+            for fname, cls, params, new, home in entries:
+                if isinstance(c.func, ast.Name) and home is not None and here != Path(home).resolve() and (
+                        callee in own or callee not in imported):
+                    continue
+                found.add((fname, cls, new, home))
                 if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
                     continue
                 if any(k.arg == new for k in c.keywords):
@@ -272,9 +282,9 @@ def unpassed(root: Path, added: list) -> tuple:
                 if new in bound and bound.index(new) < len(c.args):
                     continue
                 where = f"{os.path.relpath(f, root)}:{c.lineno}"
-                missing.append(((fname, cls, new), f"{where} {callee}(...) without `{new}`"))
-    unseen = {(fname, cls, new) for fname, cls, _, new in (e for es in names.values() for e in es)
-              if (fname, cls, new) not in found}
+                missing.append(((fname, cls, new, home), f"{where} {callee}(...) without `{new}`"))
+    unseen = {(fname, cls, new, home) for fname, cls, _, new, home in (e for es in names.values() for e in es)
+              if (fname, cls, new, home) not in found}
     return missing, unseen
 
 
@@ -381,7 +391,7 @@ def main(argv=None) -> int:
             if (repo / rel).exists() and Path(path).exists():
                 required[path] = added_required((repo / rel).read_text(errors="replace"),
                                                 Path(path).read_text(errors="replace"))
-        missing, unseen = unpassed(tmp, [a for v in required.values() for a in v])
+        missing, unseen = unpassed(tmp, [(*a, p) for p, v in required.items() for a in v])
         for path in sorted(set(by) | set(after_by)):
             rel = os.path.relpath(path, tmp)
             text_before = (repo / rel).read_text(errors="replace") if (repo / rel).exists() else ""
@@ -405,9 +415,9 @@ def main(argv=None) -> int:
             # a name already undefined in the original (one more read of it) is not the rewrite's
             undefined = sorted({m for (c, m) in added if c in BROKEN_FLAKES} - set(m for (c, m) in flakes(text_before)))
             debris = sorted(m for (c, m) in added if c in DEBRIS_FLAKES)
-            mine = {(f, c, new) for f, c, _, new in required.get(path, [])}
+            mine = {(f, c, new, path) for f, c, _, new in required.get(path, [])}
             not_passed = [m for k, m in missing if k in mine]
-            not_found = sorted(f"{c + '.' if c else ''}{f}({new})" for f, c, new in mine & unseen)
+            not_found = sorted(f"{c + '.' if c else ''}{f}({new})" for f, c, new, _ in mine & unseen)
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,

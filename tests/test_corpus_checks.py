@@ -52,7 +52,7 @@ def test_a_parameter_no_call_reaches_is_counted_apart(tmp_path):
     (tmp_path / "m.py").write_text(AFTER)
     missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
     assert missing == []
-    assert unseen == {("_load", "Model", "scaler"), ("train", None, "scaler")}
+    assert unseen == {("_load", "Model", "scaler", None), ("train", None, "scaler", None)}
 
 
 def test_calls_are_matched_as_python_would_bind_them(tmp_path):
@@ -66,3 +66,12 @@ def test_calls_are_matched_as_python_would_bind_them(tmp_path):
     missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
     assert [text for _, text in missing] == ["run.py:4 train(...) without `scaler`"]
     assert unseen == set()
+
+
+def test_a_script_with_its_own_function_of_that_name_is_not_a_caller(tmp_path):
+    (tmp_path / "m.py").write_text(AFTER)
+    (tmp_path / "other.py").write_text("def train(model, optimizer, loader):\n    pass\n\ntrain(a, b, c)\n")
+    (tmp_path / "uses.py").write_text("from m import train\ntrain(a, b, c)\n")
+    added = [(*a, str(tmp_path / "m.py")) for a in mc.added_required(BEFORE, AFTER)]
+    missing, _ = mc.unpassed(tmp_path, added)
+    assert [text for _, text in missing] == ["uses.py:2 train(...) without `scaler`"]

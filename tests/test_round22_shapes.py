@@ -337,3 +337,52 @@ GAN = textwrap.dedent('''\
         Trainer().train()
         print("ok")
 ''')
+
+
+EVAL_IN_TRAIN = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def test(model, data):
+        model.eval()
+        with torch.no_grad():
+            return sum(model(x).sum().item() for x in data)
+
+
+    def train(args, model, ema_model, optimizer, data):
+        for epoch in range(2):
+            model.train()
+            for x in data:
+                loss = model(x).sum()
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            if args.use_ema:
+                test_model = ema_model
+            else:
+                test_model = model
+            print(test(test_model, data))
+
+
+    def main(args):
+        model = torch.nn.Linear(4, 2)
+        ema_model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        train(args, model, ema_model, optimizer, [torch.randn(3, 4)])
+''')
+
+
+def test_evaluation_inside_the_training_function_runs_under_autocast(tmp_path):
+    # apex patched torch for the whole process: `test(...)` inside `train` ran in half precision
+    write(tmp_path, {"train.py": EVAL_IN_TRAIN})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text
+    assert ("        with torch.autocast(\"cuda\", dtype=torch.float16, enabled=scaler.is_enabled()):\n"
+            "            print(test(test_model, data))\n") in text
+    # the function that only evaluates is not edited
+    assert "def test(model, data):\n    model.eval()" in text

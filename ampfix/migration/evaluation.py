@@ -44,28 +44,61 @@ class EvaluationRewrites:
                     cond = disj(cond, self.enabled[t.idx])
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
-            for n in walk(unit):
-                if not isinstance(n, ast.Call) or n.lineno <= s.stmt.end_lineno:
+            for f, names in self._wrap_evaluations(module, caller, unit, models, cond, s.stmt.end_lineno):
+                # the training function the model is handed to, with the scaler (FixMatch's
+                # `train(..., model, optimizer, ..., scaler=scaler)` evaluates inside its loop)
+                c = self.solver.solve(f.module, f)
+                if c is None or c.kind != "param" or f.module is not module and not f.module.editable:
                     continue
-                st = stmt_of(n)
-                if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is not None and (
-                        st.value is n or self._only_around(module, st, n))):
-                    continue
-                f, bound = self.p.resolve(module, n.func)
-                if f is None or f is caller:
-                    continue
-                cs = CallSite(n, module, caller, f, bound)
-                params = {p for p in [*f.positional, *f.kwonly]
-                          if cs.argument(p) is not None and dotted(cs.argument(p)) in models}
-                if not params or not self._only_evaluates(f, params):
-                    continue
-                if self._under_autocast(st) or self._inside_planned_region(st):
-                    continue
-                owner, field, block = block_of(st)
-                i = next(k for k, x in enumerate(block) if x is st)
-                self._add_region(module, block, i, i, autocast_call(self.s, cond))
-                self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
-                               "autocast")
+                self._wrap_evaluations(f.module, f, f.node, names | self._aliases(f.node, names),
+                                       self._autocast_enabled(f.module, f, c), 0)
+
+    def _wrap_evaluations(self, module, caller, unit, models: Set[str], cond: str, after: int):
+        """Each call after line ``after`` in ``unit`` that hands one of ``models`` to a project
+        function that only evaluates it runs under autocast(``cond``); returns the functions
+        the models are handed to that train, each with the parameters that receive them."""
+        trains = []
+        for n in walk(unit):
+            if not isinstance(n, ast.Call) or n.lineno <= after:
+                continue
+            st = stmt_of(n)
+            f, bound = self.p.resolve(module, n.func)
+            if f is None or f is caller:
+                continue
+            cs = CallSite(n, module, caller, f, bound)
+            params = {p for p in [*f.positional, *f.kwonly]
+                      if cs.argument(p) is not None and dotted(cs.argument(p)) in models}
+            if not params:
+                continue
+            if not self._only_evaluates(f, params):
+                trains.append((f, params))
+                continue
+            if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is not None and (
+                    st.value is n or self._only_around(module, st, n))):
+                continue
+            if self._under_autocast(st) or self._inside_planned_region(st):
+                continue
+            owner, field, block = block_of(st)
+            i = next(k for k, x in enumerate(block) if x is st)
+            self._add_region(module, block, i, i, autocast_call(self.s, cond))
+            self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
+                           "autocast")
+        return trains
+
+    @staticmethod
+    def _aliases(unit, names: Set[str]) -> Set[str]:
+        """Locals bound to one of ``names`` or to another object, chosen by a test
+        (``test_model = ema_model.ema if args.use_ema else model``, or the same in an ``if``):
+        apex's casting reached both."""
+        values = {}
+        for n in walk(unit):
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                v = n.value
+                values.setdefault(n.targets[0].id, []).extend([v.body, v.orelse] if isinstance(v, ast.IfExp) else [v])
+            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)) and isinstance(n.target, ast.Name):
+                values.setdefault(n.target.id, []).append(None)
+        return {t for t, vs in values.items() if t not in names and all(v is not None and dotted(v) for v in vs)
+                and any(dotted(v) in names for v in vs)}
 
     @staticmethod
     def _evaluates_after(s: Seed) -> bool:
