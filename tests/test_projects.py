@@ -48,6 +48,14 @@ ENTRIES = {
                        ["train.py", "--epochs", "2", "--robust", "--fp16"], ["fast.py", "--epochs", "1"]],
     "backend_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--weighted"],
                         ["train.py", "--epochs", "1", "--fp16", "--fp16-backend", "apex"]],
+    # a Trainer keeping the object that initializes apex in `self.GAN`, its losses scaled through
+    # `backwards = partial(loss_backwards, self.fp16)`, apex's state in its checkpoints
+    "gan_holder": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    # a setup that initializes apex for inference where the optimizer handed in is None and for
+    # training where it is not, called by a training and an evaluation script; evaluation inside
+    # the training function
+    "setup_routing": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"],
+                      ["evaluate.py"], ["evaluate.py", "--fp16"]],
 }
 
 

@@ -726,7 +726,8 @@ def _truth(test, flags: Set[str]) -> Optional[bool]:
 def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], taken: List[ast.AST]) -> List[Edit]:
     """Tests of availability flags that are constant now (``HAS_AMP = True`` once apex went):
     ``if use_amp and not HAS_AMP: raise ...`` goes, ``if HAS_AMP: <a> else: <b>`` becomes
-    ``<a>``; ``if use_amp and HAS_AMP:`` becomes ``if use_amp:``.  Nothing inside ``taken``
+    ``<a>``; ``if use_amp and HAS_AMP:`` becomes ``if use_amp:``; ``assert not fp16 or HAS_AMP``
+    (which always holds now) goes.  Nothing inside ``taken``
     (statements other edits rewrite) is touched."""
     edits: List[Edit] = []
     gone: List[ast.stmt] = []
@@ -741,6 +742,13 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
         return False
 
     for node in walk(model.tree, into_functions=True):
+        if isinstance(node, ast.Assert) and not inside_taken(node) and any(
+                isinstance(n, ast.Name) and n.id in flags for n in walk(node.test)) and \
+                _truth(node.test, flags) is True:
+            # `assert not fp16 or APEX_AVAILABLE, "install apex"`: it always holds now
+            gone.append(node)
+            taken.append(node)
+            continue
         if not isinstance(node, ast.If) or inside_taken(node):
             continue
         if not any(isinstance(n, ast.Name) and n.id in flags for n in [node.test, *walk(node.test)]):

@@ -20,6 +20,11 @@ PREP_METHODS = {"to", "cuda", "float", "half", "long", "int", "bool", "contiguou
                 "chunk", "next"}
 PREP_BUILTINS = {"tuple", "list", "len", "dict", "zip", "range", "enumerate", "isinstance", "getattr", "min", "max",
                  "sum", "map", "sorted", "int", "float", "str", "next", "iter", "print", "setattr", "hasattr"}
+#: torch's tensor factories: making an input (noise for a generator) is preparation, which autocast
+#: does not change
+TORCH_FACTORIES = {f"torch.{f}" for f in ("randn", "rand", "randint", "randn_like", "rand_like", "randperm", "zeros",
+                                          "ones", "empty", "full", "zeros_like", "ones_like", "full_like", "arange",
+                                          "linspace", "eye", "tensor", "normal")}
 
 
 def statements_in(unit) -> List[ast.stmt]:
@@ -238,6 +243,8 @@ def is_prep(stmt, models: Set[str]) -> bool:
             if isinstance(n.func, ast.Attribute) and n.func.attr in PREP_METHODS:
                 continue
             if isinstance(n.func, ast.Name) and n.func.id in PREP_BUILTINS:
+                continue
+            if dotted(n.func) in TORCH_FACTORIES:
                 continue
             return False
     return True
