@@ -386,3 +386,21 @@ def test_evaluation_inside_the_training_function_runs_under_autocast(tmp_path):
             "            print(test(test_model, data))\n") in text
     # the function that only evaluates is not edited
     assert "def test(model, data):\n    model.eval()" in text
+
+
+def test_a_dispatcher_of_evaluations_gets_autocast_at_its_call_not_a_scaler_it_lacks(tmp_path):
+    # UNITER's `validate(model, loaders)` hands the model to one `validate_<task>` per task: it
+    # only evaluates, through them; it has no scaler, so nothing inside it may read one
+    src = EVAL_IN_TRAIN.replace("        print(test(test_model, data))",
+                                '        print(validate(test_model, {"a": data}))')
+    src = src.replace("def train(args", "def validate(model, loaders):\n    out = {}\n"
+                      "    for name, data in loaders.items():\n"
+                      "        out[name] = test(model, data)\n    return out\n\n\ndef train(args")
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    body = text.split("def validate(model, loaders):")[1].split("def train(")[0]
+    assert "scaler" not in body and "autocast" not in body
+    assert ('        with torch.autocast("cuda", dtype=torch.float16, enabled=scaler.is_enabled()):\n'
+            '            print(validate(test_model, {"a": data}))\n') in text

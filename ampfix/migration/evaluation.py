@@ -44,11 +44,15 @@ class EvaluationRewrites:
                     cond = disj(cond, self.enabled[t.idx])
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
+            # the functions the plan hands the scaler to as a parameter (where a scaled backward is)
+            carried = {id(u.func.node): c for u, c in self.g.needs
+                       if u.func is not None and c is not None and c.kind == "param"}
             for f, names in self._wrap_evaluations(module, caller, unit, models, cond, s.stmt.end_lineno):
                 # the training function the model is handed to, with the scaler (FixMatch's
-                # `train(..., model, optimizer, ..., scaler=scaler)` evaluates inside its loop)
-                c = self.solver.solve(f.module, f)
-                if c is None or c.kind != "param" or f.module is not module and not f.module.editable:
+                # `train(..., model, optimizer, ..., scaler=scaler)` evaluates inside its loop);
+                # a function that only calls others (`validate(model, loaders)`) has no scaler
+                c = carried.get(id(f.node))
+                if c is None or not f.module.editable:
                     continue
                 self._wrap_evaluations(f.module, f, f.node, names | self._aliases(f.node, names),
                                        self._autocast_enabled(f.module, f, c), 0)
@@ -113,15 +117,16 @@ class EvaluationRewrites:
         names = s.model_names | ({targets[0]} if targets and targets[0] else set())
         return {n for n in names if "." not in n}
 
-    @staticmethod
-    def _only_evaluates(f, params: Set[str]) -> bool:
+    def _only_evaluates(self, f, params: Set[str], depth: int = 0) -> bool:
         """``f`` runs one of ``params`` (a model) under ``torch.no_grad()`` / ``inference_mode()``
-        or after ``param.eval()``, and nothing in it trains."""
+        or after ``param.eval()``, and nothing in it trains; or it only hands the model on to
+        functions that do so (UNITER's ``validate(model, loaders)`` dispatching to a
+        ``validate_<task>(model, loader)`` per task)."""
         body = list(walk(f.node, into_functions=True))
         if any(method_call(x, "backward", "step", "zero_grad") for x in body):
             return False
         if not any(calls_model(x, params) for x in body):
-            return False
+            return depth < 2 and self._only_hands_on(f, params, depth)
         quiet = any((dotted(d.func if isinstance(d, ast.Call) else d) or "").split(".")[-1] in
                     ("no_grad", "inference_mode") for d in f.node.decorator_list)
         quiet = quiet or any(isinstance(x, ast.withitem) and isinstance(x.context_expr, ast.Call) and
@@ -130,6 +135,25 @@ class EvaluationRewrites:
         quiet = quiet or any(method_call(x, "eval") and dotted(x.func.value) in params for x in body
                              if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute))
         return quiet
+
+    def _only_hands_on(self, f, params: Set[str], depth: int) -> bool:
+        """Every call in ``f`` that hands it one of ``params`` is a call of a project function that
+        only evaluates it (and there is at least one)."""
+        found = False
+        for n in walk(f.node, into_functions=True):
+            if not isinstance(n, ast.Call) or not any(
+                    dotted(a) in params for a in [*n.args, *(k.value for k in n.keywords)]):
+                continue
+            g, bound = self.p.resolve(f.module, n.func)
+            if g is None or g is f:
+                return False
+            cs = CallSite(n, f.module, f, g, bound)
+            given = {p for p in [*g.positional, *g.kwonly]
+                     if cs.argument(p) is not None and dotted(cs.argument(p)) in params}
+            if not given or not self._only_evaluates(g, given, depth + 1):
+                return False
+            found = True
+        return found
 
     def _only_around(self, module, st, call) -> bool:
         """``call`` inside a statement that does nothing else of the project's

@@ -93,7 +93,8 @@ def _partial_calls(m: "Module", n) -> Optional[List[ast.Call]]:
             and not any(isinstance(a, ast.Starred) for a in p.args)):
         return None
     st = getattr(p, "_p", None)
-    if not (isinstance(st, ast.Assign) and st.value is p and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+    if not (isinstance(st, ast.Assign) and st.value is p and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Name)):
         return None
     alias = st.targets[0].id
     unit = st
