@@ -33,6 +33,7 @@ import sys
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Optional
 
 MANIFEST = Path(__file__).resolve().parent / "corpus" / "manifest.json"
 #: host syncs a rewrite might add (apex's own to_python_float(x) is one too: it becomes x.item())
@@ -208,12 +209,55 @@ def added_required(text_before: str, text_after: str) -> list:
     return out
 
 
+def _import_target(root: Path, f: Path, node) -> Optional[Path]:
+    """The file ``from <module> import name`` in ``f`` loads: the module path looked up from the
+    script's own folder upwards (as Python puts a script's folder first), or relative to the
+    package for ``from .m import``; None when it is not in the repository."""
+    if node.level:
+        base = f.parent
+        for _ in range(node.level - 1):
+            base = base.parent
+        bases = [base]
+    else:
+        bases = [f.parent, *[d for d in f.parent.parents if d == root or root in d.parents]]
+    rel = Path(*node.module.split(".")) if node.module else None
+    if rel is None:
+        return None
+    for b in bases:
+        for cand in (b / rel.with_suffix(".py"), b / rel / "__init__.py"):
+            if cand.exists():
+                return cand.resolve()
+    return None
+
+
+def _receiver_binds(entry, recv, klass, brought: dict, modules: dict) -> bool:
+    """Whether ``recv.<name>(...)`` calls the function of ``entry`` (name, class, params, new,
+    home): through its module (``m.f``), ``self``/``cls`` in its class or a subclass, ``super()``
+    in a subclass, or its class's name; any other object is not told."""
+    import ast
+
+    fname, cls, _, _, home = entry
+    bases = {getattr(b, "id", getattr(b, "attr", None)) for b in (klass.bases if klass is not None else [])}
+    if isinstance(recv, ast.Name) and recv.id in modules:
+        target = modules[recv.id]
+        return cls is None and target is not None and home is not None and Path(home).resolve() == target
+    if cls is None:
+        return False
+    if isinstance(recv, ast.Name) and recv.id in ("self", "cls"):
+        return klass is not None and (cls == klass.name or cls in bases)
+    if isinstance(recv, ast.Call):
+        return getattr(recv.func, "id", None) == "super" and cls in bases
+    return isinstance(recv, ast.Name) and brought.get(recv.id, (None, recv.id))[1] == cls
+
+
 def unpassed(root: Path, added: list) -> tuple:
     """Call sites in the migrated repository that do not pass a parameter the migration made
     required (a TypeError when they run), as (key, text), and the keys of added parameters no call
-    of which was found (their callers are outside what can be read: a framework, a registry, a
-    name given elsewhere).  A call is matched by the function's name alone, so a same-named
-    function elsewhere can only make the count larger."""
+    of which was found (their callers are outside what can be read: a framework, a registry, an
+    object whose class cannot be told).  Calls are bound as Python binds them: a function by its
+    name in its own file or where an import brings it (the file looked up as Python would); a
+    method through ``self``/``cls`` in its class, ``super()`` in a subclass, or its class's name;
+    ``obj.method(...)`` on any other object is not counted either way."""
     import ast
 
     if not added:
@@ -235,54 +279,68 @@ def unpassed(root: Path, added: list) -> tuple:
             tree = ast.parse(text)
         except SyntaxError:
             continue
-        # `from m import Restorer as R`: R(...) calls Restorer; `import m`: m.f(...) calls f
-        renamed, modules, imported = {}, set(), set()
+        here = f.resolve()
+        # name -> (the file it comes from or None, the name there)
+        brought, modules = {}, {}
         for n in ast.walk(tree):
             if isinstance(n, ast.ImportFrom):
-                renamed.update({a.asname: a.name for a in n.names if a.asname})
-                modules.update(a.asname or a.name for a in n.names)
-                imported.update(a.name for a in n.names)
+                target = _import_target(root.resolve(), here, n)
+                for a in n.names:
+                    brought[a.asname or a.name] = (target, a.name)
             elif isinstance(n, ast.Import):
-                modules.update((a.asname or a.name).split(".")[0] for a in n.names)
-        # a script's own `def train_one_epoch` is the one its plain calls reach
+                for a in n.names:
+                    if a.asname or "." not in a.name:  # `import m`, `import a.b as m`: m.f(...) calls a.b's f
+                        modules[a.asname or a.name] = _import_target(root.resolve(), here,
+                                                                     ast.ImportFrom(module=a.name, level=0))
         own = {d.name for d in tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        here = f.resolve()
+        parent = {}
+        for n in ast.walk(tree):
+            for c in ast.iter_child_nodes(n):
+                parent[c] = n
+
+        def enclosing_class(node):
+            p = parent.get(node)
+            while p is not None and not isinstance(p, ast.ClassDef):
+                p = parent.get(p)
+            return p
+
         for c in ast.walk(tree):
             if not isinstance(c, ast.Call):
                 continue
-            if isinstance(c.func, ast.Name):
-                callee = renamed.get(c.func.id, c.func.id)
-            elif isinstance(c.func, ast.Attribute):
-                callee = c.func.attr
+            func = c.func
+            if isinstance(func, ast.Name):
+                source, callee = brought.get(func.id, (None, func.id))
+                if func.id in own:
+                    source = here
+                elif func.id not in brought:
+                    continue  # a builtin, a star import, a global set elsewhere: not told
+                if source is None:
+                    continue
+                entries = [e for e in names.get(callee, []) if e[4] is not None and Path(e[4]).resolve() == source
+                           and (e[1] is None or e[0] == "__init__")]
+            elif isinstance(func, ast.Attribute):
+                if not isinstance(func.value, (ast.Name, ast.Call)):
+                    continue
+                klass = enclosing_class(c)
+                entries = [e for e in (e for es in names.values() for e in es) if e[0] == func.attr
+                           and _receiver_binds(e, func.value, klass, brought, modules)]
             else:
                 continue
-            if callee == "__init__" and isinstance(c.func, ast.Attribute):
-                entries = [e for es in names.values() for e in es if e[0] == "__init__"]
-            else:
-                entries = names.get(callee, [])
-            # a module function is called by its name or through its module (`utils.train(...)`),
-            # a method through an object (`model.train()` is not a call of a function `train`)
-            through_module = isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and \
-                c.func.value.id in modules
-            entries = [e for e in entries if e[0] == "__init__" or (
-                isinstance(c.func, ast.Name) or through_module if e[1] is None else isinstance(c.func, ast.Attribute))]
             for fname, cls, params, new, home in entries:
-                if isinstance(c.func, ast.Name) and home is not None and here != Path(home).resolve() and (
-                        callee in own or callee not in imported):
-                    continue
                 found.add((fname, cls, new, home))
                 if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
                     continue
                 if any(k.arg == new for k in c.keywords):
                     continue
-                bound = params[1:] if cls and params and params[0] in ("self", "cls") else params
-                if fname == "__init__" and isinstance(c.func, ast.Attribute) and c.func.attr == "__init__" and \
-                        not (isinstance(c.func.value, ast.Call) and getattr(c.func.value.func, "id", "") == "super"):
-                    bound = params  # Base.__init__(self, ...)
+                implicit = cls and params and params[0] in ("self", "cls") and not (
+                    fname == "__init__" and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                    and func.value.id not in ("self", "cls"))  # Base.__init__(self, ...) passes it
+                bound = params[1:] if implicit else params
                 if new in bound and bound.index(new) < len(c.args):
                     continue
                 where = f"{os.path.relpath(f, root)}:{c.lineno}"
-                missing.append(((fname, cls, new, home), f"{where} {callee}(...) without `{new}`"))
+                missing.append(((fname, cls, new, home), f"{where} {getattr(func, 'id', None) or func.attr}(...) "
+                                                         f"without `{new}`"))
     unseen = {(fname, cls, new, home) for fname, cls, _, new, home in (e for es in names.values() for e in es)
               if (fname, cls, new, home) not in found}
     return missing, unseen

@@ -28,6 +28,11 @@ def train(model, optimizer, loader, scaler, amp_dtype=None):
 '''
 
 
+def added(tmp_path):
+    """The parameters the rewrite of m.py added, each with the file that defines it."""
+    return [(*a, str(tmp_path / "m.py")) for a in mc.added_required(BEFORE, AFTER)]
+
+
 def test_added_required_parameters_are_found():
     got = mc.added_required(BEFORE, AFTER)
     assert [(f, c, new) for f, c, _, new in got] == [("_load", "Model", "scaler"), ("train", None, "scaler")]
@@ -43,16 +48,17 @@ def test_a_call_that_does_not_pass_the_new_parameter_is_reported(tmp_path):
         "train(m, o, l, scaler)\n"                   # passes it by position
         "train(m, o, l, scaler=s)\n"                 # by keyword
         "train(*args)\n")                            # cannot tell: not counted
-    missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
+    missing, unseen = mc.unpassed(tmp_path, added(tmp_path))
     assert [text for _, text in missing] == ["run.py:2 _load(...) without `scaler`"]
     assert unseen == set()
 
 
 def test_a_parameter_no_call_reaches_is_counted_apart(tmp_path):
     (tmp_path / "m.py").write_text(AFTER)
-    missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
+    missing, unseen = mc.unpassed(tmp_path, added(tmp_path))
     assert missing == []
-    assert unseen == {("_load", "Model", "scaler", None), ("train", None, "scaler", None)}
+    home = str(tmp_path / "m.py")
+    assert unseen == {("_load", "Model", "scaler", home), ("train", None, "scaler", home)}
 
 
 def test_calls_are_matched_as_python_would_bind_them(tmp_path):
@@ -63,7 +69,7 @@ def test_calls_are_matched_as_python_would_bind_them(tmp_path):
         "model.train()\n"                            # a method of another object: not `train`
         "m.train(a, b, c)\n"                         # through its module: misses scaler
         "Restorer._load(cfg, w, scaler=s)\n")
-    missing, unseen = mc.unpassed(tmp_path, mc.added_required(BEFORE, AFTER))
+    missing, unseen = mc.unpassed(tmp_path, added(tmp_path))
     assert [text for _, text in missing] == ["run.py:4 train(...) without `scaler`"]
     assert unseen == set()
 
@@ -72,6 +78,17 @@ def test_a_script_with_its_own_function_of_that_name_is_not_a_caller(tmp_path):
     (tmp_path / "m.py").write_text(AFTER)
     (tmp_path / "other.py").write_text("def train(model, optimizer, loader):\n    pass\n\ntrain(a, b, c)\n")
     (tmp_path / "uses.py").write_text("from m import train\ntrain(a, b, c)\n")
-    added = [(*a, str(tmp_path / "m.py")) for a in mc.added_required(BEFORE, AFTER)]
-    missing, _ = mc.unpassed(tmp_path, added)
+    missing, _ = mc.unpassed(tmp_path, added(tmp_path))
     assert [text for _, text in missing] == ["uses.py:2 train(...) without `scaler`"]
+
+
+def test_methods_are_matched_through_self_super_or_their_class_only(tmp_path):
+    (tmp_path / "m.py").write_text(AFTER + """
+
+class Sub(Model):
+    def go(self):
+        self._load(1, 2)                # its class's method: misses scaler
+        self._optim._load(1, 2)         # another object's: not told
+""")
+    missing, unseen = mc.unpassed(tmp_path, added(tmp_path))
+    assert [text for _, text in missing] == ["m.py:13 _load(...) without `scaler`"]
