@@ -534,11 +534,21 @@ class AmpPlanner:
         amp.initialize(model, ...)``, the setup's inference path) and this call hands it an
         optimizer that torch made, or only where it is not None and this call hands it None:
         the seed never runs for this caller."""
-        for a, param, wants_none in none_tests(s.stmt, f):
+        for _, param, wants_none in none_tests(s.stmt, f):
             given = cs.argument(param)
             if (wants_none and self._an_optimizer(cs, given)) or (not wants_none and is_const(given, None)):
                 return True
         return False
+
+    @staticmethod
+    def _assigned_values(unit, name: str, skip=None) -> Optional[List[ast.expr]]:
+        """What ``unit`` assigns to ``name`` (leaving out the statement ``skip``); None where a
+        binding is not a plain assignment (a loop, a with, an unpacking of something else)."""
+        binds = [stmt_of(n) for n in walk(unit) if isinstance(n, ast.Name) and n.id == name
+                 and isinstance(n.ctx, ast.Store)]
+        if not all(isinstance(b, ast.Assign) for b in binds):
+            return None
+        return [b.value for b in binds if b is not skip]
 
     def _an_optimizer(self, cs, a) -> bool:
         """``a``, at the call ``cs``, is a name the caller binds only to optimizers that torch
@@ -546,12 +556,8 @@ class AmpPlanner:
         if not isinstance(a, ast.Name):
             return False
         unit = cs.caller.node if cs.caller is not None else cs.module.tree
-        here = stmt_of(cs.node)
-        binds = [stmt_of(n) for n in walk(unit) if isinstance(n, ast.Name) and n.id == a.id
-                 and isinstance(n.ctx, ast.Store)]
-        values = [b.value for b in binds if b is not here]
-        return bool(values) and all(isinstance(b, ast.Assign) for b in binds) and \
-            all(self._makes_optimizer(cs.module, v) for v in values)
+        values = self._assigned_values(unit, a.id, skip=stmt_of(cs.node))
+        return bool(values) and all(self._makes_optimizer(cs.module, v) for v in values)
 
     def _makes_optimizer(self, module, v, depth: int = 0) -> bool:
         if not isinstance(v, ast.Call):
@@ -563,14 +569,8 @@ class AmpPlanner:
             return False
         rets = returns_in(f.node)
         for r in rets:
-            x = r.value
-            if isinstance(x, ast.Name):
-                binds = [stmt_of(n) for n in walk(f.node) if isinstance(n, ast.Name) and n.id == x.id
-                         and isinstance(n.ctx, ast.Store)]
-                if not binds or not all(isinstance(b, ast.Assign) and self._makes_optimizer(f.module, b.value, depth + 1)
-                                        for b in binds):
-                    return False
-            elif not self._makes_optimizer(f.module, x, depth + 1):
+            values = self._assigned_values(f.node, r.value.id) if isinstance(r.value, ast.Name) else [r.value]
+            if not values or not all(self._makes_optimizer(f.module, x, depth + 1) for x in values):
                 return False
         return bool(rets)
 

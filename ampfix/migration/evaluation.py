@@ -69,9 +69,7 @@ class EvaluationRewrites:
             f, bound = self.p.resolve(module, n.func)
             if f is None or f is caller:
                 continue
-            cs = CallSite(n, module, caller, f, bound)
-            params = {p for p in [*f.positional, *f.kwonly]
-                      if cs.argument(p) is not None and dotted(cs.argument(p)) in models}
+            params = self._given(CallSite(n, module, caller, f, bound), models)
             if not params:
                 continue
             if not self._only_evaluates(f, params):
@@ -88,6 +86,12 @@ class EvaluationRewrites:
             self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
                            "autocast")
         return trains
+
+    @staticmethod
+    def _given(cs, models: Set[str]) -> Set[str]:
+        """The callee's parameters that the call hands one of ``models``."""
+        g = cs.callee
+        return {p for p in [*g.positional, *g.kwonly] if dotted(cs.argument(p)) in models}
 
     @staticmethod
     def _aliases(unit, names: Set[str]) -> Set[str]:
@@ -147,9 +151,7 @@ class EvaluationRewrites:
             g, bound = self.p.resolve(f.module, n.func)
             if g is None or g is f:
                 return False
-            cs = CallSite(n, f.module, f, g, bound)
-            given = {p for p in [*g.positional, *g.kwonly]
-                     if cs.argument(p) is not None and dotted(cs.argument(p)) in params}
+            given = self._given(CallSite(n, f.module, f, g, bound), params)
             if not given or not self._only_evaluates(g, given, depth + 1):
                 return False
             found = True

@@ -8,7 +8,7 @@ import sys
 import tokenize
 from typing import Dict, List, Optional, Tuple
 
-from ampfix.model.analysis import arg
+from ampfix.model.analysis import arg, is_const
 from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.flow import ancestors_stmts, guards
 from ampfix.model.semantic import block_of, dotted, param_defaults, walk
@@ -201,8 +201,7 @@ def none_tests(stmt, f) -> List[Tuple[ast.If, str, bool]]:
     for a in ancestors_stmts(stmt, f.node):
         if not (isinstance(a, ast.If) and isinstance(a.test, ast.Compare) and len(a.test.ops) == 1
                 and isinstance(a.test.ops[0], (ast.Is, ast.IsNot)) and isinstance(a.test.left, ast.Name)
-                and a.test.left.id in params and isinstance(a.test.comparators[0], ast.Constant)
-                and a.test.comparators[0].value is None):
+                and a.test.left.id in params and is_const(a.test.comparators[0], None)):
             continue
         in_body = any(x is stmt or any(y is stmt for y in walk(x)) for x in a.body)
         out.append((a, a.test.left.id, in_body == isinstance(a.test.ops[0], ast.Is)))

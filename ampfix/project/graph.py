@@ -83,7 +83,7 @@ class CallSite:
         return None
 
 
-def _partial_calls(m: "Module", n) -> Optional[List[ast.Call]]:
+def _partial_calls(n) -> Optional[List[ast.Call]]:
     """``alias = partial(f, a, b)`` (``n`` is ``f``) in a function (or the module) whose every other
     use of ``alias`` calls it: those calls, which call ``f`` with ``a, b`` first; None otherwise
     (the partial is handed on, stored, given keywords or reassigned: ``f`` is used as a value)."""
@@ -609,7 +609,7 @@ class Project:
                             f, _ = self.resolve(m, n)
                             if f is None:
                                 continue
-                            calls = _partial_calls(m, n)
+                            calls = _partial_calls(n)
                             if calls is None:
                                 self._refs.setdefault(id(f.node), []).append(n)
                                 continue
