@@ -188,11 +188,40 @@ UNBOUND = """\
     """
 
 
-def test_scale_loss_on_an_unbound_amp_refuses_naming_it():
+def test_scale_loss_on_an_unbound_amp_migrates_and_says_the_fp16_path_raised_before():
+    # the read raised NameError: the name has no other meaning to keep, so it is the apex amp
+    # that the same module imports inside `__init__` (the fp16 path now runs native AMP)
     result = run(UNBOUND)
-    assert result.fixed == textwrap.dedent(UNBOUND)
-    assert any("reads a name `amp` that nothing binds there" in m and "`Trainer.__init__`" in m
-               for m in refusals(result)), refusals(result)
+    fixed = result.fixed
+    assert "amp." not in fixed.replace("torch.amp.", ""), fixed
+    assert "self.scaler.scale(loss).backward()" in fixed and "self.scaler.step(self.optimizer)" in fixed
+    assert "with torch.autocast(" in fixed
+    compile(fixed, "trainer.py", "exec")
+    assert not refusals(result), refusals(result)
+    notes = " ".join(result.applied)
+    assert "x.py line 15 read a name that only an import inside another function binds" in notes, notes
+    assert "raised NameError there before, and runs now" in notes, notes
+
+
+def test_an_unbound_name_is_apex_only_where_every_inner_import_says_so():
+    from ampfix.model.semantic import Model
+    import ast
+    src = textwrap.dedent("""\
+        def a():
+            from apex import amp
+        def b():
+            from torch.cuda import amp
+        def c():
+            amp.scale_loss
+            ddp.Foo
+        def d():
+            from apex.parallel import DistributedDataParallel as ddp
+    """)
+    tree = ast.parse(src)
+    sem = Model(tree)
+    attrs = {n.value.id: n for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert sem.qnames(attrs["amp"]) == set()  # two imports disagree: no meaning guessed
+    assert sem.qnames(attrs["ddp"]) == {"apex.parallel.DistributedDataParallel.Foo"}
 
 
 # multihop_dense_retrieval's train_mhop: `if do_train: initialize(model, optimizer) else:

@@ -34,7 +34,7 @@ from ampfix.migration.flow import (
 from ampfix.migration.spell import bf16, description
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses, names_apex
-from ampfix.model.semantic import block_of, dotted, param_defaults, walk
+from ampfix.model.semantic import base_name, block_of, dotted, param_defaults, walk
 from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.placement import CarrierRewrites, Solver
 from ampfix.migration.seed_rewrites import SeedRewrites
@@ -835,6 +835,11 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         for u, c in sorted(g.needs, key=lambda x: (x[0].module.path, x[0].line)):
             if u.kind == "scale_loss":
                 self._scale_loss(u, c)
+                base = base_name(u.node)
+                if base is not None and not u.module.sem.bindings_of(base):
+                    self.notes.add(f"`{base.id}.scale_loss` at {u.module.path} line {u.line} read a name that only "
+                                   "an import inside another function binds: the fp16 path raised NameError "
+                                   "there before, and runs now")
         if not self.noscale:
             self._steps()
         for u, c in g.needs:

@@ -99,6 +99,7 @@ class Model:
         self._opened: Dict[int, Scope] = {}  # id(def/lambda/class/comprehension) -> the scope it opens
         self.star_names: Dict[str, str] = {}  # name -> module, from `from X import *` of a known module
         self.imports: List[ast.stmt] = []
+        self._unbound: Optional[Dict[str, str]] = None
         self._walk()
 
     # -- building ------------------------------------------------------------------------------
@@ -345,12 +346,34 @@ class Model:
         rest = d[len(base.id):]
         scope = self.resolve(base.id, self.scope_of(base))
         if scope is None:
-            return {f"builtins.{d}"} if base.id in _BUILTINS else set()
+            if base.id in _BUILTINS:
+                return {f"builtins.{d}"}
+            q = self.unbound_import(base.id)
+            return {q + rest} if q is not None else set()
         out = set()
         for b in scope.bindings.get(base.id, ()):
             if b.qname is not None:
                 out.add(b.qname + rest)
         return out
+
+    def unbound_import(self, name: str) -> Optional[str]:
+        """What a name that nothing binds where it is read was meant to be: apex's, where the
+        module imports it under that name inside functions only and always the same
+        (``from apex import amp`` in ``main``, ``amp.scale_loss`` in ``train``): that read raised
+        NameError, so the name has no other meaning to keep.  None for anything else."""
+        if self._unbound is None:
+            seen: Dict[str, Set[str]] = {}
+            for s in self.scopes:
+                if s.kind == "module":
+                    continue
+                for n, bs in s.bindings.items():
+                    for b in bs:
+                        if b.kind == "import" and b.qname is not None:
+                            seen.setdefault(n, set()).add(b.qname)
+            self._unbound = {n: next(iter(q)) for n, q in seen.items()
+                             if len(q) == 1 and next(iter(q)).split(".")[0] == "apex"
+                             and n not in self.module_scope.bindings}
+        return self._unbound.get(name)
 
     def is_local(self, name_node: ast.Name) -> bool:
         """Bound in its scope by something other than an import."""
