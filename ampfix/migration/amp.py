@@ -131,6 +131,15 @@ class AmpPlanner:
                 need[i] = (u, None)
                 if c.seeds:
                     reached_by[id(u)] = set(c.seeds)
+        # apex's state saved or loaded where no amp.initialize reaches, in code that nothing
+        # importing it or imported by it initializes apex or scales a loss with it (a runner
+        # copied beside a project that never uses apex): it goes, the other uses stay as they are
+        for i, (u, c) in enumerate(need):
+            if c is None and u.kind in ("state_dict", "load_state_dict") and id(u) not in reached_by and \
+                    Solver.key(u.module, u.func) in solver.unreached and self._alone_with_state(u.module, uses):
+                c = Carrier("dropped", set(), "")
+                c.unreached = True
+                need[i] = (u, c)
         # union the seeds that share a function
         parent = {s.idx: s.idx for s in seeds}
 
@@ -193,10 +202,19 @@ class AmpPlanner:
                     (s.call, f"`{moved[0].func.qualname}` initialized NVIDIA apex for this call; native AMP is set up "
                              "here now"))
         unattached = []
+        stale: Dict[str, Group] = {}
         for u, c in need:
             if u.kind == "seed_guard":
                 g = by_root[find(u.seed.idx)]
                 g.needs.append((u, None))
+                g.add_use(u.module.path, u.node)
+                continue
+            if c is not None and getattr(c, "unreached", False):
+                g = stale.get(u.module.path)
+                if g is None:
+                    g = stale[u.module.path] = Group(f"apex.amp:{u.module.path}:state", "apex.amp")
+                    g.seeds, g.needs = [], []
+                g.needs.append((u, c))
                 g.add_use(u.module.path, u.node)
                 continue
             if c is not None and not c.seeds:
@@ -248,7 +266,7 @@ class AmpPlanner:
         for u in checks:
             g = next((gg for gg in by_root.values() if u.module.path in gg.uses), None)
             if g is None:
-                g = orphans.get(u.module.path) or entries.get(u.module.path)
+                g = orphans.get(u.module.path) or entries.get(u.module.path) or stale.get(u.module.path)
             if g is None:
                 g = orphans[u.module.path] = Group(f"apex.amp:{u.module.path}:checks", "apex.amp")
                 g.seeds, g.needs = [], []
@@ -281,8 +299,15 @@ class AmpPlanner:
                 g.refusal = NO_HOME
             else:
                 self._plan(g, solver)
+        for path, g in stale.items():
+            orphan = orphans.get(path)
+            if orphan is not None and orphan.refusal and not getattr(orphan, "checks_only", False):
+                g.refusal = orphan.refusal  # half of a module's apex code migrated would mix the two
+            else:
+                self._plan(g, solver)
         groups.extend(by_root.values())
         groups.extend(entries.values())
+        groups.extend(stale.values())
         groups.extend(orphans.values())
         return groups
 
@@ -506,6 +531,53 @@ class AmpPlanner:
                 return None
             first = first or got
         return first
+
+    def _alone_with_state(self, module, uses: List[Use]) -> bool:
+        """Nothing in the modules connected to ``module`` by imports (either way, among those read),
+        nor in its top folder, initializes apex, scales a loss with it or reads its master
+        parameters: only its state is saved or loaded there, and checks that it is installed."""
+        graph = getattr(self, "_imports", None)
+        if graph is None:
+            graph = self._imports = {}
+            by_id = {id(m) for m in self.p.modules.values()}
+            for m in list(self.p.modules.values()):
+                for imp in m.sem.imports:
+                    for name in self.p.imported_names(m, imp):
+                        other = self.p.imported_module(m, name, read_more=False)
+                        if other is not None and other is not m and id(other) in by_id:
+                            graph.setdefault(id(m), set()).add(id(other))
+                            graph.setdefault(id(other), set()).add(id(m))
+        seen, todo = {id(module)}, [id(module)]
+        while todo:
+            for n in graph.get(todo.pop(), ()):
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        # nor in its part of the repository (the folder it shares with them: a registry, not an
+        # import, brings a runner and the training code that initializes apex together)
+        top = self._top_folder(module.path)
+        if any((id(u.module) in seen or top is None or self._top_folder(u.module.path) == top)
+               and u.kind not in ("state_dict", "load_state_dict", "check", "installed") for u in uses):
+            return False
+        # the files of the other parts of the run, and those not read
+        for name in ("initialize", "scale_loss", "master_params"):
+            for path in self.p.mentioned_elsewhere(name, other_parts=True):
+                if top is None or self._top_folder(path) == top:
+                    return False
+        return True
+
+    def _top_folder(self, path: str) -> Optional[str]:
+        """The first folder of ``path`` under the project's root (None: a file at the root)."""
+        from pathlib import Path
+
+        rel = Path(path)
+        root = getattr(self.p, "root", None)
+        if root is not None:
+            try:
+                rel = Path(path).resolve().relative_to(Path(root).resolve())
+            except ValueError:
+                pass
+        return rel.parts[0] if len(rel.parts) > 1 else None
 
     def _orphan_reason(self, u: Use, solver: Solver) -> str:
         why = solver.why.get(Solver.key(u.module, u.func))
@@ -822,6 +894,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         elif not g.seeds and any(u.kind == "scale_loss" for u, _ in g.needs):
             # a library function whose caller initialized apex: the scaler comes in as a parameter
             g.description = "apex.amp -> " + description(self.s)
+        elif not g.seeds and any(getattr(c, "unreached", False) for _, c in g.needs):
+            g.description = "apex.amp: its saved state goes (nothing here initializes apex)"
         elif not g.seeds:
             g.description = "apex.amp: the check that apex is installed goes"
         elif training:

@@ -20,6 +20,10 @@ class Solver:
         self.name = name
         self.memo: Dict[object, Optional[Carrier]] = {}
         self.why: Dict[object, str] = {}
+        #: the functions (keys) that no amp.initialize reaches through the calls in the project:
+        #: module-level code with none before it, a method of a class a registry builds, and a
+        #: function whose every caller is one of those
+        self.unreached: Set[object] = set()
         self.stack: List[object] = []
 
     @staticmethod
@@ -44,6 +48,11 @@ class Solver:
         self.why.setdefault(self.key(module, func), why)
         return None
 
+    def nobody(self, module, func, why: str) -> None:
+        """A failure that says no amp.initialize comes before this code in the project."""
+        self.unreached.add(self.key(module, func))
+        return self.fail(module, func, why)
+
     def _solve(self, module, func) -> Optional[Carrier]:
         own = [s for s in self.seeds if s.training and s.module is module and s.func is func
                and not getattr(s, "exported", False)]
@@ -52,7 +61,7 @@ class Solver:
             expr = "self." + self.name if func is not None and func.is_method else self.name
             return Carrier("local", {s.idx for s in own}, expr)
         if func is None:
-            return self.fail(module, func, f"module-level code of {module.path} has no amp.initialize before it")
+            return self.nobody(module, func, f"module-level code of {module.path} has no amp.initialize before it")
         if func.outer is not None:
             c = self.solve(module, func.outer)
             if c is not None and c.kind in ("local", "closure", "global") and not self._binds(func, c.expr):
@@ -84,7 +93,7 @@ class Solver:
                 "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or "") for d in func.cls.decorator_list):
             deco = next(d for d in func.cls.decorator_list
                         if "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or ""))
-            return self.fail(module, func, f"`{func.cls.name}` is built by a registry from the configuration "
+            return self.nobody(module, func, f"`{func.cls.name}` is built by a registry from the configuration "
                                            f"(@{module.src.code(deco)}), so no call can hand it the GradScaler: keep "
                                            "one where the optimizer lives (the runner) by hand")
         if not sites and self.seeds and func.is_method and func.cls is not None and (
@@ -119,6 +128,8 @@ class Solver:
             good.append(s)
             seeds |= c.seeds
         if missing and not good:
+            if all(self.key(s.module, s.caller) in self.unreached for s in bad):
+                return self.nobody(module, func, missing)
             return self.fail(module, func, missing)
         alias = self.alias_of(func)
         if self.name in func.positional or self.name in func.kwonly:

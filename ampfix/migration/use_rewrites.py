@@ -1191,7 +1191,7 @@ class UseRewrites:
             raise Refuse(f"amp.{u.kind} at line {u.line}: O3 has no loss scaler to save")
         fc = self.fc(u.module)
         if c is not None and c.kind == "dropped":
-            self._drop_state(u)
+            self._drop_state(u, c)
             return
         if self.bf16:
             # bfloat16 has no loss scaler: nothing to save, nothing to restore
@@ -1244,7 +1244,7 @@ class UseRewrites:
             return
         fc.wrap(st, st, f"if {c.expr} is not None:")
 
-    def _drop_state(self, u: Use) -> None:
+    def _drop_state(self, u: Use, c: Carrier) -> None:
         """apex's state saved or loaded where no scaler can reach (a checkpoint helper of a runner
         built from the configuration, when the scaler lives in a hook): the statement goes;
         ``if "amp" in checkpoint: amp.load_state_dict(...); log(...)`` goes whole."""
@@ -1266,6 +1266,11 @@ class UseRewrites:
             fc.remove(gd, described=True)
         else:
             fc.remove(st, described=True)
+        if getattr(c, "unreached", False):
+            self.notes.add("no amp.initialize in the project comes before this code, and no other apex use is in "
+                           "the code it imports or that imports it: apex's state is no longer saved or loaded "
+                           "(that needed apex installed); an old checkpoint's 'amp' entry is ignored")
+            return
         self.notes.add("checkpoints no longer carry apex's loss scale: the GradScaler lives in a hook that the "
                        "checkpoint code cannot reach, so a resumed run starts from the initial scale and finds its "
                        "own again within a few steps")
