@@ -723,6 +723,46 @@ def _truth(test, flags: Set[str]) -> Optional[bool]:
     return None
 
 
+def _always_holds(test, flags: Set[str]) -> bool:
+    """Whether ``test`` is truthy whatever its other operands are, once every name of ``flags``
+    is True: ``not fp16 or fp16 and APEX_AVAILABLE`` is.  Its operands other than ``and``, ``or``,
+    ``not`` and the flags are names or attributes (reading one twice gives one value), at most
+    four different ones: every way they can be truthy or not is tried."""
+    atoms: Dict[str, int] = {}
+
+    def collect(n) -> bool:
+        if isinstance(n, ast.BoolOp):
+            return all(collect(v) for v in n.values)
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not):
+            return collect(n.operand)
+        if isinstance(n, ast.Name) and n.id in flags:
+            return True
+        if isinstance(n, ast.Constant):
+            return True
+        if isinstance(n, (ast.Name, ast.Attribute)) and all(isinstance(x, (ast.Name, ast.Attribute, ast.Load))
+                                                              for x in walk(n)):
+            atoms.setdefault(ast.dump(n), len(atoms))
+            return True
+        return False
+
+    if not collect(test) or len(atoms) > 4:
+        return False
+
+    def value(n, bits: int) -> bool:
+        if isinstance(n, ast.BoolOp):
+            vals = (value(v, bits) for v in n.values)
+            return all(vals) if isinstance(n.op, ast.And) else any(vals)
+        if isinstance(n, ast.UnaryOp):
+            return not value(n.operand, bits)
+        if isinstance(n, ast.Name) and n.id in flags:
+            return True
+        if isinstance(n, ast.Constant):
+            return bool(n.value)
+        return bool(bits >> atoms[ast.dump(n)] & 1)
+
+    return all(value(test, bits) for bits in range(1 << len(atoms)))
+
+
 def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], taken: List[ast.AST]) -> List[Edit]:
     """Tests of availability flags that are constant now (``HAS_AMP = True`` once apex went):
     ``if use_amp and not HAS_AMP: raise ...`` goes, ``if HAS_AMP: <a> else: <b>`` becomes
@@ -744,7 +784,7 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
     for node in walk(model.tree, into_functions=True):
         if isinstance(node, ast.Assert) and not inside_taken(node) and any(
                 isinstance(n, ast.Name) and n.id in flags for n in walk(node.test)) and \
-                _truth(node.test, flags) is True:
+                (_truth(node.test, flags) is True or _always_holds(node.test, flags)):
             # `assert not fp16 or APEX_AVAILABLE, "install apex"`: it always holds now
             gone.append(node)
             taken.append(node)
