@@ -4,6 +4,8 @@ there, and nothing initializes apex before them): the state goes, as it does whe
 lives in a hook; where the same part initializes apex (a registry, not an import, joins them) it
 stays refused."""
 import ast
+import subprocess
+import sys
 
 from test_round17_shapes import run, write
 
@@ -186,3 +188,103 @@ def test_always_holds_tries_every_truth_of_its_operands():
     assert not holds("not fp16 or a and OK")
     assert not holds("fp16 and OK")
     assert not holds("not f() or f()")  # a call may give another value the second time
+
+
+# torchdistill's training box: an nn.Module that initializes apex in its setup, computes the loss
+# in its own forward and scales it in update_params(loss); the scripts get the box from a factory
+BOX = '''\
+import torch
+from torch import nn
+
+try:
+    from apex import amp
+except ImportError:
+    amp = None
+
+
+class TrainingBox(nn.Module):
+    def setup(self, config):
+        self.apex = False
+        if config.get("apex"):
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+            self.apex = True
+
+    def __init__(self, model, config):
+        super().__init__()
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        self.setup(config)
+
+    def forward(self, x, y):
+        """The loss of one batch."""
+        out = self.model(x)
+        return nn.functional.mse_loss(out, y)
+
+    def update_params(self, loss):
+        if self.apex:
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        target = amp.master_params(self.optimizer) if self.apex \\
+            else [p for group in self.optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_norm_(target, 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
+def get_box(model, config):
+    return TrainingBox(model, config)
+'''
+
+BOX_MAIN = '''\
+import torch
+
+from box import get_box
+
+
+def main(config):
+    model = torch.nn.Linear(4, 2)
+    box = get_box(model, config) if config.get("student") else None
+    for _ in range(2):
+        loss = box(torch.randn(3, 4), torch.randn(3, 2))
+        box.update_params(loss)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main({"student": True})
+'''
+
+
+def test_a_box_that_computes_its_loss_in_its_forward_gets_autocast_there(tmp_path):
+    write(tmp_path, {"box.py": BOX, "main.py": BOX_MAIN})
+    out = run(tmp_path, "--write")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "box.py").read_text()
+    assert "import amp" not in text and "amp." not in text.replace("torch.amp.", ""), text
+    tree = ast.parse(text)
+    fwd = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    # the docstring stays first; the rest of the body is the autocast region
+    assert isinstance(fwd.body[0], ast.Expr) and isinstance(fwd.body[1], ast.With), text
+    assert "self.scaler.is_enabled()" in ast.unparse(fwd.body[1].items[0].context_expr)
+    # the clip's two branches are one now, by the words of the fp32 one
+    assert 'target = [p for group in self.optimizer.param_groups for p in group["params"]]' in text, text
+    assert "self.scaler.unscale_(self.optimizer)" in text
+    assert "autocast covers `TrainingBox.forward`" in out.output
+    assert (tmp_path / "main.py").read_text() == BOX_MAIN
+    res = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_a_box_whose_subclass_has_its_own_forward_stays_refused(tmp_path):
+    sub = BOX + '''
+
+class OtherBox(TrainingBox):
+    def forward(self, x, y):
+        return self.model(x).sum()
+'''
+    write(tmp_path, {"box.py": sub, "main.py": BOX_MAIN})
+    out = run(tmp_path)
+    assert "callers cannot all be followed" in out.output, out.output
+    assert (tmp_path / "box.py").read_text() == sub

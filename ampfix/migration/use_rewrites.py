@@ -8,6 +8,7 @@ import builtins
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
+from ampfix.engine.tidy import pure
 from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
 from ampfix.model.apex import (
     fold_installed, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
@@ -346,6 +347,8 @@ class UseRewrites:
         sites = self.p.callers(func)
         if not sites and depth == 0 and self._framework_autocast(func):
             return
+        if not sites and depth == 0 and self._own_forward(u, func):
+            return
         if not sites or self.p.references(func):
             raise Refuse(f"the loss reaches line {u.line} as the parameter `{param}` of `{func.qualname}`, whose "
                          "callers cannot all be followed: wrap their forward passes in autocast by hand")
@@ -394,6 +397,41 @@ class UseRewrites:
         self.notes.add("the forward runs under torch.autocast through the framework's `fp16_enabled` flag, set where "
                        "apex was initialized (mmcv's auto_fp16 does so from mmcv 1.3 with torch 1.6)")
         self._mmcv_floor()
+        return True
+
+    def _own_forward(self, u: Use, func) -> bool:
+        """The loss comes to a method of an ``nn.Module`` that keeps the scaler on ``self`` (a
+        training "box" whose ``forward`` computes the loss and whose ``update_params(loss)`` scales
+        it), from callers that cannot be followed (the object comes from a factory): the region
+        goes around the body of the class's own ``forward``, which ``box(...)`` runs.  Not when a
+        subclass in the project has a ``forward`` of its own."""
+        c = next((cc for uu, cc in self.g.needs if uu is u), None)
+        cls = func.cls
+        if c is None or c.kind != "self" or cls is None or not func.is_method or func.node.name == "forward":
+            return False
+        chain = [(u.module, cls), *self.p.ancestors(u.module, cls)]
+        if not any((dotted(b) or "").split(".")[-1] == "Module" and (dotted(b) or "") in (
+                "Module", "nn.Module", "torch.nn.Module") for _, k in chain for b in k.bases):
+            return False
+        fwd = self.p.method(u.module, cls, "forward")
+        if fwd is None or not any(fwd.cls is k for _, k in chain):
+            return False
+        names = {k.name for _, k in chain if k is cls}
+        for m in self.p.modules.values():
+            for n in walk(m.tree, into_functions=True):
+                if isinstance(n, ast.ClassDef) and n is not cls and any(
+                        (dotted(b) or "").split(".")[-1] in names for b in n.bases) and any(
+                        isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) and x.name == "forward" for x in n.body):
+                    return False
+        body = fwd.node.body
+        first = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+            isinstance(body[0].value.value, str) else 0
+        if first >= len(body) or any(self._under_autocast(x) for x in body[first:]):
+            return False
+        header = autocast_call(self.s, self._autocast_enabled(fwd.module, fwd, c))
+        self._add_region(fwd.module, body, first, len(body) - 1, header)
+        self.notes.add(f"the loss comes to `{func.qualname}` from callers that cannot all be followed: autocast covers "
+                       f"`{fwd.qualname}`, where the object computes its loss (`{cls.name.lower()}(...)` runs it)")
         return True
 
     def _mmcv_floor(self) -> None:
@@ -963,7 +1001,15 @@ class UseRewrites:
                 if not self._read_unscaled(u, c, call, o, params):
                     self._clip_at_the_step(u, c, call, steps, o, params)
             return
-        fc.replace(call, params)
+        twin = getattr(call, "_p", None)
+        if isinstance(twin, ast.IfExp) and (twin.body is call or twin.orelse is call) and \
+                "master_params" not in code(twin.orelse if twin.body is call else twin.body) and \
+                pure(twin.test):
+            # `amp.master_params(opt) if self.apex else [p for g in opt.param_groups ...]`: the
+            # branches are one now, by the other's words
+            fc.replace(twin, code(twin.orelse if twin.body is call else twin.body))
+        else:
+            fc.replace(call, params)
         fc.drop_stale_comment(st, ("master",))
         # in the method that steps after another's scaled backward, a clip before the step
         before_step = key in self.step_methods and any(follows(stmt_of(x), [st], unit) for x in steps)
