@@ -21,7 +21,7 @@ def is_apex(node) -> bool:
     return string_value(node) is not None and string_value(node).strip().lower() == "apex"
 
 
-def argparse_default(rule: Rule, node: ast.Call, names: tuple, framework: str) -> None:
+def argparse_default(rule: Rule, node: ast.Call, names: tuple, framework: str, packages: tuple = ()) -> None:
     """``parser.add_argument("--amp_backend", default="apex")``: reported, not fixed (what the
     option feeds is for a person to follow)."""
     if not (isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
@@ -31,6 +31,21 @@ def argparse_default(rule: Rule, node: ast.Call, names: tuple, framework: str) -
         return
     default = kwargs(node).get("default")
     if default is not None and is_apex(default):
+        if packages and not any(imp_names & set(packages) for imp_names in _imported_tops(rule)):
+            # the option has the framework's name, but this module does not import it: the
+            # project's own code may read it (a trainer of its own with an apex branch)
+            rule.report(default, f"an option whose default picks apex (its name is {framework}'s); make the "
+                                 "native backend the default, and follow what reads it")
+            return
         rule.report(default, f"an option whose default picks apex through {framework}, which no longer has it; "
                              "make the native backend the default (and drop the option where the framework "
                              "no longer takes it)")
+
+
+def _imported_tops(rule: Rule):
+    """The top-level package of each import of the module, one set per import statement."""
+    for n in rule.sem.imports:
+        if isinstance(n, ast.Import):
+            yield {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+            yield {n.module.split(".")[0]}

@@ -48,11 +48,14 @@ class HuggingFaceApex(Rule):
                 '    half_precision_backend="apex",\n    fp16=True,\n)\n',
                 expected='import transformers\nargs = transformers.Seq2SeqTrainingArguments(\n    output_dir="o",\n'
                          '    fp16=True,\n)\n'),
-        Invalid('parser.add_argument("--fp16_backend", default="apex")\n', message="default picks apex"),
+        Invalid('parser.add_argument("--fp16_backend", default="apex")\n', message="its name is Hugging Face"),
+        Invalid('import transformers\nparser.add_argument("--fp16_backend", default="apex")\n',
+                message="picks apex through Hugging Face transformers"),
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
-        argparse_default(self, node, ("fp16_backend", "half_precision_backend"), "Hugging Face transformers")
+        argparse_default(self, node, ("fp16_backend", "half_precision_backend"), "Hugging Face transformers",
+                         ("transformers",))
         if not self.qnames(node) & HF_ARGUMENTS:
             return
         kw = kwargs(node)

@@ -59,7 +59,8 @@ class LightningApex(Rule):
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
-        argparse_default(self, node, ("amp_backend",), "PyTorch Lightning")
+        argparse_default(self, node, ("amp_backend",), "PyTorch Lightning",
+                         ("pytorch_lightning", "lightning"))
         if not self.qnames(node) & LIGHTNING_TRAINER:
             return
         kw = kwargs(node)

@@ -288,3 +288,69 @@ class OtherBox(TrainingBox):
     out = run(tmp_path)
     assert "callers cannot all be followed" in out.output, out.output
     assert (tmp_path / "box.py").read_text() == sub
+
+
+# a trainer of the Hugging Face 2020 kind: `if backend == "amp": <native> else: if not
+# apex_available(): msg = (...); raise ImportError(msg); self.use_apex = True`
+CHOICE = '''\
+import torch
+from torch.cuda.amp import GradScaler, autocast
+
+try:
+    from apex import amp
+    HAS_APEX = True
+except ImportError:
+    HAS_APEX = False
+
+
+class Trainer:
+    def __init__(self, model, backend, fp16):
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        self.use_apex = False
+        self.use_amp = False
+        if fp16:
+            if backend == "amp":
+                self.use_amp = True
+                self.scaler = GradScaler()
+            else:
+                if not HAS_APEX:
+                    msg = ("apex is not installed, "
+                           "see https://github.com/nvidia/apex")
+                    raise ImportError(msg)
+                self.use_apex = True
+        if self.use_apex:
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+
+    def step(self, x):
+        if self.use_amp:
+            with autocast():
+                loss = self.model(x).sum()
+        else:
+            loss = self.model(x).sum()
+        if self.use_amp:
+            self.scaler.scale(loss).backward()
+        elif self.use_apex:
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        if self.use_amp:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+'''
+
+
+def test_an_apex_choice_that_builds_its_message_before_raising_routes_to_native(tmp_path):
+    write(tmp_path, {"trainer.py": CHOICE})
+    out = run(tmp_path, "--write")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "trainer.py").read_text()
+    assert "apex" not in text.lower(), text
+    assert "every apex choice now takes the native AMP path" in out.output
+    tree = ast.parse(text)
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    # the fp16 setup is the native one whatever the backend says
+    assert "self.use_amp = True" in ast.unparse(init) and "backend ==" not in ast.unparse(init), ast.unparse(init)

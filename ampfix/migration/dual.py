@@ -409,7 +409,7 @@ class DualModule:
                     "apex" in (dotted(st.targets[0]) or "").split(".")[-1].lower():
                 flag = True
             elif isinstance(st, ast.If) and not st.orelse and "apex" in self.m.src.code(st.test).lower() and \
-                    all(isinstance(x, ast.Raise) or _is_log(x) for x in st.body):
+                    all(isinstance(x, ast.Raise) or _is_log(x) or _is_message(x) for x in st.body):
                 continue
             elif isinstance(st, ast.Raise) or _is_log(st) or isinstance(st, ast.Pass):
                 continue
@@ -933,6 +933,12 @@ def _names_of(imp) -> Set[str]:
     if isinstance(imp, (ast.Global, ast.Nonlocal)):
         return set(imp.names)
     return {(a.asname or a.name).split(".")[0] for a in imp.names}
+
+
+def _is_message(st) -> bool:
+    """``msg = ("... install apex ...")``: a message put together before it is raised or logged."""
+    return isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and (
+        isinstance(st.value, ast.JoinedStr) or (isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)))
 
 
 def _is_log(st) -> bool:
