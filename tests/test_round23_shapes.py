@@ -354,3 +354,53 @@ def test_an_apex_choice_that_builds_its_message_before_raising_routes_to_native(
     init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     # the fp16 setup is the native one whatever the backend says
     assert "self.use_amp = True" in ast.unparse(init) and "backend ==" not in ast.unparse(init), ast.unparse(init)
+
+
+# pytorch-pretrained-BERT's examples: the fp16 path's own warm-up, with a guard on the rate and
+# a log of it, beside an fp32 optimizer that schedules itself
+WARMUP = '''\
+import torch
+from pytorch_pretrained_bert.optimization import BertAdam
+
+
+def warmup_linear(x, warmup=0.002):
+    return x / warmup if x < warmup else 1.0 - x
+
+
+def train(model, loader, fp16, lr, total, log):
+    if fp16:
+        from apex.optimizers import FP16_Optimizer, FusedAdam
+        optimizer = FP16_Optimizer(FusedAdam(model.parameters(), lr=lr), dynamic_loss_scale=True)
+    else:
+        optimizer = BertAdam(model.parameters(), lr=lr, warmup=0.1, t_total=total)
+    step = 0
+    for x in loader:
+        loss = model(x).sum()
+        if fp16:
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+        step += 1
+        if fp16:
+            # modify learning rate with special warm up BERT uses
+            lr_this_step = lr * warmup_linear(step / total)
+            if lr_this_step < 0:
+                # save guard for possible miscalculation of train steps
+                lr_this_step = 1e-8
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = lr_this_step
+            log.add_scalar("lr", lr_this_step, step)
+        optimizer.step()
+        optimizer.zero_grad()
+'''
+
+
+def test_the_fp16_warmup_goes_with_its_guard_and_its_log(tmp_path):
+    write(tmp_path, {"train.py": WARMUP})
+    out = run(tmp_path, "--write")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "FP16_Optimizer" not in text, text
+    assert "lr_this_step" not in text and "save guard" not in text and 'add_scalar("lr"' not in text, text
+    assert "warmup_linear" not in text and "scaler.step(optimizer)" in text
+    assert "the warm-up the fp16 path wrote into param_groups goes" in out.output

@@ -1007,7 +1007,8 @@ class Fp16Plan(Rewriter):
             if not writes:
                 continue
             loops = [x for x in n.body if isinstance(x, ast.For) and dotted(x.iter) == f"{opt}.param_groups"]
-            others = [x for x in n.body if not isinstance(x, (ast.For, ast.Assign))]
+            made = {t.id for x in n.body if isinstance(x, ast.Assign) for t in x.targets if isinstance(t, ast.Name)}
+            others = [x for x in n.body if not isinstance(x, (ast.For, ast.Assign)) and not _of_the_warmup(x, made)]
             if loops and not others and not n.orelse:
                 self.fc(m).remove(n, obsolete=True)
                 self.notes.add("the warm-up the fp16 path wrote into param_groups goes: the optimizer both paths "
@@ -1019,3 +1020,24 @@ class Fp16Plan(Rewriter):
             # a warm-up the plan cannot take out would run on top of the kept optimizer's own
             raise Refuse(f"the fp16 path sets the learning rate at line {writes[0].lineno} and the fp32 optimizer "
                          "it now uses schedules itself: the warm-up would apply twice; migrate it by hand")
+
+
+def _of_the_warmup(st, made: Set[str]) -> bool:
+    """A statement of the fp16 path's warm-up block that goes with it: a guard on the rate it
+    computed (``if lr_this_step < 0: lr_this_step = 1e-8``), or a log of that rate
+    (``tb_logger.add_scalar('lr', lr_this_step, step)``, ``logger.info(...)``)."""
+    if isinstance(st, ast.If) and not st.orelse and all(
+            isinstance(n, ast.Constant) or (isinstance(n, ast.Name) and n.id in made) or not isinstance(n, (
+                ast.Name, ast.Call, ast.Attribute, ast.Subscript)) for n in ast.walk(st.test)):
+        return all(isinstance(x, ast.Assign) and all(isinstance(t, ast.Name) and t.id in made for t in x.targets)
+                   and all(not isinstance(v, (ast.Call, ast.Attribute, ast.Subscript)) for v in ast.walk(x.value))
+                   for x in st.body)
+    if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+        f = dotted(st.value.func) or ""
+        last = f.rsplit(".", 1)[-1]
+        logs = last in ("add_scalar", "log", "info", "debug", "print") or f == "print"
+        reads = {n.id for a in [*st.value.args, *(k.value for k in st.value.keywords)] for n in ast.walk(a)
+                 if isinstance(n, ast.Name)}
+        return logs and bool(reads & made) and not any(isinstance(n, ast.Call) for a in st.value.args
+                                                        for n in ast.walk(a))
+    return False
