@@ -246,6 +246,7 @@ class Project:
         self.allowed_groups: Optional[Set[str]] = None
         self.modules: Dict[str, Module] = {}
         self.by_name: Dict[str, Module] = {}
+        self.all_by_name: Dict[str, List[Module]] = {}  # every module read for a name (copies in a monorepo)
         self.roots: List[Path] = []
         self._plans: Dict[object, object] = {}
         self._calls: Dict[int, List[CallSite]] = {}
@@ -310,10 +311,27 @@ class Project:
             m.names = {p.stem}
         for n in m.names:
             self.by_name.setdefault(n, m)
+            self.all_by_name.setdefault(n, []).append(m)
         return m
 
-    def module_named(self, name: str) -> Optional[Module]:
+    def _shared(self, a: str, b: str) -> int:
+        """How many leading folders the modules at ``a`` and ``b`` share, resolved."""
+        resolved = getattr(self, "resolved_paths", {})
+        pa = (resolved.get(a) or str(Path(a).resolve())).split(os.sep)[:-1]
+        pb = (resolved.get(b) or str(Path(b).resolve())).split(os.sep)[:-1]
+        n = 0
+        for x, y in zip(pa, pb):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    def module_named(self, name: str, near: Optional[Module] = None) -> Optional[Module]:
+        """The module of the dotted ``name``; where several read so far have it (copies of one
+        package in two parts of a monorepo), the one nearest ``near`` in the folders."""
         m = self.by_name.get(name)
+        if m is not None and near is not None and len(self.all_by_name.get(name, ())) > 1:
+            return max(self.all_by_name[name], key=lambda c: self._shared(c.path, near.path))
         if m is not None:
             return m
         # a name looked for in vain stays unknown until a module is added
@@ -368,7 +386,12 @@ class Project:
         beside, found = self.module_beside(module, name)
         if beside:
             return found
-        return self.module_named(name) if read_more else self.loaded_named(name)
+        if read_more:
+            return self.module_named(name, near=module)
+        many = self.all_by_name.get(name, ())
+        if len(many) > 1:
+            return max(many, key=lambda c: self._shared(c.path, module.path))
+        return self.loaded_named(name)
 
     def _module_named(self, name: str) -> Optional[Module]:
         parts = name.split(".")
@@ -499,7 +522,7 @@ class Project:
         qname = self.absolute(module, qname)
         parts = qname.split(".")
         for i in range(len(parts) - 1, 0, -1):
-            mod = self.module_named(".".join(parts[:i]))
+            mod = self.module_named(".".join(parts[:i]), near=module)
             if mod is None:
                 continue
             mod.index()
@@ -534,7 +557,7 @@ class Project:
                 for q in sorted(module.sem.qnames(base)):
                     parts = self.absolute(module, q).split(".")
                     for i in range(len(parts) - 1, 0, -1):
-                        mod = self.module_named(".".join(parts[:i]))
+                        mod = self.module_named(".".join(parts[:i]), near=module)
                         if mod is not None:
                             mod.index()
                             rest = ".".join(parts[i:])
