@@ -56,6 +56,12 @@ ENTRIES = {
     # the training function
     "setup_routing": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"],
                       ["evaluate.py"], ["evaluate.py", "--fp16"]],
+    # a training box (an nn.Module computing its loss in forward, scaling it in update_params) got
+    # from a factory: autocast in the box's forward; `master_params(opt) if apex else params` is one
+    "box_factory": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16", "--accum", "2"]],
+    # apex's amp imported inside __init__ only, read as an unbound global by the step (NameError
+    # before): migrated, and `self.model, self.optimizer = model, optimizer` is not written again
+    "unbound_amp": [["run.py", "--epochs", "2"], ["run.py", "--epochs", "2", "--fp16"]],
 }
 
 

@@ -826,12 +826,39 @@ class SeedRewrites:
                 declared = {x for n in walk(s.func.node) if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
                 pairs = [(t, v) for t, v in pairs if not t.isidentifier() or t in read or t in declared]
                 pairs = self._without_write_backs(s, pairs)
+                pairs = [(t, v) for t, v in pairs if not self._already_holds(s, t, v)]
             if not pairs:
                 return []
             return [f"{', '.join(t for t, _ in pairs)} = {', '.join(v for _, v in pairs)}"]
         if len(tnames) == 1 and len(snames) > 1:
             return [f"{tnames[0]} = {', '.join(snames)}"]
         raise Refuse(f"amp.initialize at line {s.use.line} assigns {len(tnames)} names from {len(snames)} values")
+
+    @staticmethod
+    def _already_holds(s: Seed, t: str, v: str) -> bool:
+        """``self.model = model`` at the top of the function, before the seed, and nothing between
+        them rebinds either (an assignment, or a call on ``self`` that might): once initialize
+        goes, ``self.model, self.optimizer = model, optimizer`` would write what is there."""
+        if not (v.isidentifier() and t.startswith("self.") and t[5:].isidentifier()):
+            return False
+        body = s.func.node.body
+        start = next((x for x in body if isinstance(x, ast.Assign) and len(x.targets) == 1 and
+                      dotted(x.targets[0]) == t and isinstance(x.value, ast.Name) and x.value.id == v
+                      and x.end_lineno < s.stmt.lineno), None)
+        if start is None:
+            return False
+        for n in walk(s.func.node):
+            line = getattr(n, "lineno", None)
+            if line is None or not (start.end_lineno < line < s.stmt.lineno):
+                continue
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, (ast.Store, ast.Del)) and \
+                    dotted(n) in (t, v):
+                return False
+            if isinstance(n, ast.Call) and any(isinstance(x, ast.Name) and x.id == "self"
+                                               for a in [n.func, *n.args, *(k.value for k in n.keywords)]
+                                               for x in [a, *walk(a)]):
+                return False
+        return True
 
     def _without_write_backs(self, s: Seed, pairs):
         """``model, optimizer = amp.initialize(models[i], optimizers[i])`` followed by
