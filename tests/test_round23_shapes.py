@@ -404,3 +404,53 @@ def test_the_fp16_warmup_goes_with_its_guard_and_its_log(tmp_path):
     assert "lr_this_step" not in text and "save guard" not in text and 'add_scalar("lr"' not in text, text
     assert "warmup_linear" not in text and "scaler.step(optimizer)" in text
     assert "the warm-up the fp16 path wrote into param_groups goes" in out.output
+
+
+# mt-dnn: `from apex import amp` then `global amp` in __init__ (the declaration holds for the whole
+# function: the module's amp is bound), `amp.scale_loss` in another method
+GLOBAL_AFTER = '''\
+import torch
+
+
+class Model:
+    def __init__(self, net, fp16):
+        self.net = net
+        self.optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        self.fp16 = fp16
+        if fp16:
+            try:
+                from apex import amp
+                global amp
+            except ImportError:
+                raise ImportError("install apex")
+            net, optimizer = amp.initialize(self.net, self.optimizer, opt_level="O1")
+            self.net = net
+            self.optimizer = optimizer
+
+    def update(self, x):
+        loss = self.net(x).sum()
+        if self.fp16:
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        self.optimizer.step()
+'''
+
+
+def test_a_global_declared_after_the_import_binds_the_module_name(tmp_path):
+    from ampfix.model.semantic import Model
+
+    tree = ast.parse(GLOBAL_AFTER)
+    sem = Model(tree)
+    read = next(n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "scale_loss")
+    # bound at module level by the import (not the guess for a name nothing binds)
+    assert [b.kind for b in sem.bindings_of(read.value)] == ["import"]
+    write(tmp_path, {"model.py": GLOBAL_AFTER})
+    out = run(tmp_path, "--write")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "model.py").read_text()
+    assert "raised NameError" not in out.output  # it did not: the global made it the module's
+    assert "global amp" not in text and "apex" not in text, text
+    assert "self.scaler.scale(loss).backward()" in text
+    compile(text, "model.py", "exec")

@@ -889,6 +889,7 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
             out = apply_edits(out, dead + folded)
         if flags & set(names_may_go):
             out = _unread_flags_go(out, path, flags & set(names_may_go), star_exports)
+        out = _stale_globals(out, path, {(r.asname or r.obj or r.module.split(".")[0]) for r in removes})
     if adds:
         if edits:
             src = Source(out.encode("utf-8"), path, text=out)
@@ -898,6 +899,40 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         add = addition_of(src, model, adds, b)
         out = apply_edits(out, add) if add else out
     return out
+
+
+def _stale_globals(text: str, path: str, names: Set[str]) -> str:
+    """``global amp`` in a function where an import of apex's ``amp`` went and nothing else in the
+    function names ``amp`` now: the declaration goes (the name alone where it shares one)."""
+    if not names or "global" not in text:
+        return text
+    src = Source(text.encode("utf-8"), path, text=text)
+    try:
+        src.parse()
+    except SourceError:
+        return text
+    b = Builder(src)
+    model = Model(src.tree)
+    edits: List[Edit] = []
+    for fn in ast.walk(src.tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        named = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+        for g in ast.walk(fn):
+            if not isinstance(g, ast.Global):
+                continue
+            stale = [x for x in g.names if x in names and x not in named]
+            if not stale:
+                continue
+            keep = [x for x in g.names if x not in stale]
+            try:
+                if keep:
+                    edits.append(b.replace(g, "global " + ", ".join(keep)))
+                else:
+                    edits.extend(Remover(src, model, b).remove([g]))
+            except Conflict:
+                continue
+    return apply_edits(text, edits) if edits else text
 
 
 def imports_gone_unused(before: str, after: str, path: str, removes: Sequence, star_exports=None) -> str:

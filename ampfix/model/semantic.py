@@ -187,6 +187,12 @@ class Model:
                 self._bind_import(node, scope)
             elif t is ast.Global:
                 scope.globals.update(node.names)
+                if scope is not self.module_scope:
+                    # a declaration holds for the whole function, also above it (`from apex
+                    # import amp` then `global amp` binds the module's amp)
+                    for name in node.names:
+                        for b in scope.bindings.pop(name, ()):
+                            self.module_scope.bind(b)
             elif t is ast.Nonlocal:
                 scope.nonlocals.update(node.names)
             elif t is ast.ExceptHandler and node.name:
