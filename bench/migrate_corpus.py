@@ -418,7 +418,13 @@ def main(argv=None) -> int:
                     help="migrate with --unsafe-fixes (what a user who opts in gets)")
     ap.add_argument("--dtype", choices=["float16", "bfloat16"], default=None,
                     help="migrate (and check) with --dtype (bfloat16: autocast alone, no GradScaler)")
+    ap.add_argument("--no-flakes", action="store_true",
+                    help="measure without ruff: undefined names and debris go unchecked (the summary says so)")
     args = ap.parse_args(argv)
+    if RUFF is None and not args.no_flakes:
+        # without it the undefined-name and debris checks would read 0 whatever the rewrite did
+        ap.error("ruff is not installed beside this Python nor on PATH (pip install ruff): undefined names and "
+                 "debris would go unchecked; pass --no-flakes to measure without them")
     unsafe = ["--unsafe-fixes"] if args.unsafe_fixes else []
     if args.dtype:
         unsafe.append(f"--dtype={args.dtype}")
@@ -536,6 +542,7 @@ def main(argv=None) -> int:
         summary["batch " + b] = side([r for r in modules if r["batch"] == b],
                                      [f for f in files if batch.get(f["repo"]) == b])
     summary["errors"] = [r for r in rows if "error" in r]
+    summary["pyflakes checks (undefined names, debris)"] = "run" if RUFF is not None else "NOT RUN (--no-flakes)"
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

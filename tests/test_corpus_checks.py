@@ -92,3 +92,14 @@ class Sub(Model):
 """)
     missing, unseen = mc.unpassed(tmp_path, added(tmp_path))
     assert [text for _, text in missing] == ["m.py:13 _load(...) without `scaler`"]
+
+
+def test_the_measurement_refuses_to_run_without_ruff_unless_told(tmp_path, monkeypatch, capsys):
+    # a run without ruff read 0 undefined names and 0 debris whatever the rewrite did
+    import pytest
+
+    monkeypatch.setattr(mc, "RUFF", None)
+    with pytest.raises(SystemExit) as exc:
+        mc.main([str(tmp_path), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert "--no-flakes" in capsys.readouterr().err
