@@ -22,6 +22,7 @@ use the model run under autocast.  ``opt_level="O3"`` makes the model ``.half()`
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import arg, has_star, is_const, spread_kwargs
@@ -76,6 +77,8 @@ class AmpPlanner:
         self.s = project.settings
         #: (id of a def, parameter) that apex's amp was handed in and that goes with the migration
         self.dropped_params: Set[Tuple[int, str]] = set()
+        #: id of a module -> ids of the modules it imports or is imported by (built when first asked)
+        self._imports: Optional[Dict[int, Set[int]]] = None
 
     # -- collecting ----------------------------------------------------------------------------
     def groups(self) -> List[Group]:
@@ -536,7 +539,7 @@ class AmpPlanner:
         """Nothing in the modules connected to ``module`` by imports (either way, among those read),
         nor in its top folder, initializes apex, scales a loss with it or reads its master
         parameters: only its state is saved or loaded there, and checks that it is installed."""
-        graph = getattr(self, "_imports", None)
+        graph = self._imports
         if graph is None:
             graph = self._imports = {}
             by_id = {id(m) for m in self.p.modules.values()}
@@ -568,8 +571,6 @@ class AmpPlanner:
 
     def _top_folder(self, path: str) -> Optional[str]:
         """The first folder of ``path`` under the project's root (None: a file at the root)."""
-        from pathlib import Path
-
         rel = Path(path)
         root = getattr(self.p, "root", None)
         if root is not None:

@@ -410,17 +410,15 @@ class UseRewrites:
         if c is None or c.kind != "self" or cls is None or not func.is_method or func.node.name == "forward":
             return False
         chain = [(u.module, cls), *self.p.ancestors(u.module, cls)]
-        if not any((dotted(b) or "").split(".")[-1] == "Module" and (dotted(b) or "") in (
-                "Module", "nn.Module", "torch.nn.Module") for _, k in chain for b in k.bases):
+        if not any(dotted(b) in ("Module", "nn.Module", "torch.nn.Module") for _, k in chain for b in k.bases):
             return False
         fwd = self.p.method(u.module, cls, "forward")
         if fwd is None or not any(fwd.cls is k for _, k in chain):
             return False
-        names = {k.name for _, k in chain if k is cls}
         for m in self.p.modules.values():
             for n in walk(m.tree, into_functions=True):
                 if isinstance(n, ast.ClassDef) and n is not cls and any(
-                        (dotted(b) or "").split(".")[-1] in names for b in n.bases) and any(
+                        (dotted(b) or "").split(".")[-1] == cls.name for b in n.bases) and any(
                         isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) and x.name == "forward" for x in n.body):
                     return False
         body = fwd.node.body

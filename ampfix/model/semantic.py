@@ -376,9 +376,8 @@ class Model:
                     for b in bs:
                         if b.kind == "import" and b.qname is not None:
                             seen.setdefault(n, set()).add(b.qname)
-            self._unbound = {n: next(iter(q)) for n, q in seen.items()
-                             if len(q) == 1 and next(iter(q)).split(".")[0] == "apex"
-                             and n not in self.module_scope.bindings}
+            self._unbound = {n: q for n, (q, *more) in ((n, sorted(qs)) for n, qs in seen.items())
+                             if not more and q.split(".")[0] == "apex" and n not in self.module_scope.bindings}
         return self._unbound.get(name)
 
     def is_local(self, name_node: ast.Name) -> bool:

@@ -326,12 +326,18 @@ class Project:
             n += 1
         return n
 
+    def _nearest(self, name: str, near: Module) -> Optional[Module]:
+        """Of several modules read for ``name``, the one nearest ``near`` in the folders (None
+        unless there are several)."""
+        many = self.all_by_name.get(name, ())
+        return max(many, key=lambda c: self._shared(c.path, near.path)) if len(many) > 1 else None
+
     def module_named(self, name: str, near: Optional[Module] = None) -> Optional[Module]:
         """The module of the dotted ``name``; where several read so far have it (copies of one
         package in two parts of a monorepo), the one nearest ``near`` in the folders."""
         m = self.by_name.get(name)
-        if m is not None and near is not None and len(self.all_by_name.get(name, ())) > 1:
-            return max(self.all_by_name[name], key=lambda c: self._shared(c.path, near.path))
+        if m is not None and near is not None:
+            return self._nearest(name, near) or m
         if m is not None:
             return m
         # a name looked for in vain stays unknown until a module is added
@@ -388,10 +394,7 @@ class Project:
             return found
         if read_more:
             return self.module_named(name, near=module)
-        many = self.all_by_name.get(name, ())
-        if len(many) > 1:
-            return max(many, key=lambda c: self._shared(c.path, module.path))
-        return self.loaded_named(name)
+        return self._nearest(name, module) or self.loaded_named(name)
 
     def _module_named(self, name: str) -> Optional[Module]:
         parts = name.split(".")
