@@ -62,6 +62,10 @@ ENTRIES = {
     # apex's amp imported inside __init__ only, read as an unbound global by the step (NameError
     # before): migrated, and `self.model, self.optimizer = model, optimizer` is not written again
     "unbound_amp": [["run.py", "--epochs", "2"], ["run.py", "--epochs", "2", "--fp16"]],
+    # the loss divided for accumulation in one branch and scaled in another, nested one: the
+    # forward pass in the function's own block, outside both, gets the autocast region
+    "nested_rescale": [["run.py", "--epochs", "2"], ["run.py", "--epochs", "2", "--fp16",
+                                                      "--gradient_accumulation_steps", "2"]],
 }
 
 

@@ -935,13 +935,19 @@ def _stale_globals(text: str, path: str, names: Set[str]) -> str:
     return apply_edits(text, edits) if edits else text
 
 
+#: packages whose names a fix may leave unread: the standard library, and torch (the fixes'
+#: own domain: ``from torch.nn.utils import clip_grad_norm_`` once the clip of scaled gradients
+#: is ``_clip_scaled_grad_norm_``); a module of another project would not import them from here
+OWN_IMPORTS = frozenset(sys.stdlib_module_names) | {"torch"}
+
+
 def imports_gone_unused(before: str, after: str, path: str, removes: Sequence, star_exports=None) -> str:
-    """Standard-library imports that code read before the fixes and nothing reads after them
-    (``import warnings`` read only by the ``except`` of a removed apex import) go, in a round of
-    fixes that removes imports.  Only those: another module may import a project name from this
-    one (the planners, which see the project, take those), and a package's ``__init__.py``
-    re-exports what it imports.  An import the original left unread stays: that was not the
-    fixes' doing."""
+    """Standard-library and torch imports that code read before the fixes and nothing reads
+    after them (``import warnings`` read only by the ``except`` of a removed apex import) go, in
+    a round of fixes that removes imports.  Only those: another module may import a project name
+    from this one (the planners, which see the project, take those), and a package's
+    ``__init__.py`` re-exports what it imports.  An import the original left unread stays: that
+    was not the fixes' doing."""
     if not removes or path.replace("\\", "/").rsplit("/", 1)[-1] == "__init__.py":
         return after
     try:
@@ -958,7 +964,7 @@ def imports_gone_unused(before: str, after: str, path: str, removes: Sequence, s
     specs = []
     for stmt in model.imports:
         if isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").split(".")[0]
-                                                 not in sys.stdlib_module_names):
+                                                 not in OWN_IMPORTS):
             continue
         for alias in stmt.names:
             bound = (alias.asname or alias.name).split(".")[0]
@@ -966,9 +972,69 @@ def imports_gone_unused(before: str, after: str, path: str, removes: Sequence, s
                 continue
             if isinstance(stmt, ast.ImportFrom):
                 specs.append(ImportSpec(stmt.module, alias.name, alias.asname))
-            elif alias.name.split(".")[0] in sys.stdlib_module_names:
+            elif alias.name.split(".")[0] in OWN_IMPORTS:
                 specs.append(ImportSpec(alias.name, None, alias.asname))
     if not specs:
         return after
     edits = removal_of_unused(src, model, specs)
     return apply_edits(after, edits) if edits else after
+
+
+def _qualnames(tree) -> Dict[str, ast.AST]:
+    out: Dict[str, ast.AST] = {}
+    stack = [(tree, "")]
+    while stack:
+        node, prefix = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                q = prefix + child.name
+                out.setdefault(q, child)
+                stack.append((child, q + "."))
+            elif not isinstance(child, (ast.expr, ast.Lambda)):
+                stack.append((child, prefix))
+    return out
+
+
+def locals_gone_unread(before: str, after: str, path: str, star_exports=None) -> str:
+    """A local of a function that the code read before the fixes and nothing in the function
+    reads after them, bound only to constants (``use_amp = 'native'`` once the comparisons with
+    ``'apex'`` that read it went): its assignments go, dead code the fixes would otherwise leave.
+    A local the original left unread stays: that was not the fixes' doing."""
+    if before == after:
+        return after
+    try:
+        old = _qualnames(ast.parse(before))
+        src = Source(after.encode("utf-8"), path, text=after)
+        src.parse()
+    except (SourceError, SyntaxError, ValueError):
+        return after
+    model = Model(src.tree, star_exports)
+    gone: List[ast.stmt] = []
+    for q, fn in _qualnames(src.tree).items():
+        was = old.get(q)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(
+                was, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        names = list(ast.walk(fn))
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and (
+                n.func.id in ("locals", "eval", "exec") or (n.func.id == "vars" and not n.args)) for n in names):
+            continue  # the function's locals are read by name
+        declared = {x for n in names if isinstance(n, (ast.Global, ast.Nonlocal)) for x in n.names}
+        params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        read_after = {n.id for n in names if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        read_before = {n.id for n in ast.walk(was) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+        stores: Dict[str, List[ast.Name]] = {}
+        for n in names:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                stores.setdefault(n.id, []).append(n)
+        for name in sorted((read_before - read_after) & set(stores) - declared - params):
+            assigns = [getattr(n, "_p", None) for n in stores[name]]
+            if all(isinstance(a, ast.Assign) and len(a.targets) == 1 and a.targets[0] is n
+                   and isinstance(a.value, ast.Constant) for a, n in zip(assigns, stores[name])):
+                gone.extend(assigns)
+    if not gone:
+        return after
+    try:
+        return apply_edits(after, Remover(src, model, Builder(src)).remove(gone))
+    except Conflict:
+        return after

@@ -310,6 +310,25 @@ def _calls_a_model(stmt, models: Set[str]) -> bool:
     return False
 
 
+def _only_rescales(stmt: ast.stmt, names: Set[str]) -> bool:
+    """``loss = loss / n``, ``loss /= n``, ``if n > 1: loss = loss.mean()``: the statement only
+    rescales the names it assigns of ``names`` (each assignment reads what it writes, and calls
+    nothing but their own methods): no forward pass is there."""
+    if isinstance(stmt, ast.If):
+        return all(_only_rescales(s, names) for s in [*stmt.body, *stmt.orelse]) and not any(
+            isinstance(n, ast.Call) for n in [stmt.test, *walk(stmt.test)])
+    if isinstance(stmt, ast.AugAssign):
+        targets, value = {dotted(stmt.target)}, stmt.value
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        targets, value = {stmt.targets[0].id}, stmt.value
+    else:
+        return False
+    if not targets <= names or (isinstance(stmt, ast.Assign) and not targets <= read(value)):
+        return False
+    return all(not isinstance(n, ast.Call) or (isinstance(n.func, ast.Attribute) and dotted(n.func.value) in targets)
+               for n in [value, *walk(value)])
+
+
 def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
                    is_barrier=None) -> Tuple[Optional[Region], Set[str]]:
     """The statements before ``site`` that compute ``loss`` (an expression), by data flow back
@@ -326,6 +345,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
         idx = next((i for i, s in enumerate(block) if s is cur), None)
         if idx is None:
             return None, needed
+        entry = set(needed)
         first = last = None
         contrib = set()
         feeds: dict = {}  # contributing statement -> the names the loss needed from it
@@ -344,6 +364,11 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 contrib.add(j)
                 first = j
                 last = last if last is not None else j
+        if first is not None and isinstance(owner, (ast.If, ast.With, ast.AsyncWith, ast.Try)) and \
+                owner is not unit and all(_only_rescales(block[j], feeds[j]) for j in contrib):
+            # `if accumulating: loss = loss / n` in a branch: the loss itself comes from further out
+            cur, needed = owner, entry
+            continue
         if first is not None:
             start = first
             if models:

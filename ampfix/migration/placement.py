@@ -110,6 +110,11 @@ class Solver:
                                                "ampfix on the files that call it too")
             if self.name in func.positional or self.name in func.kwonly:
                 return self.fail(module, func, f"`{func.qualname}` already has a parameter `{self.name}`")
+            if func.cls is None and func.positional[:1] == ["self"]:
+                # `def train_fn(self, ...)` at module level: a class decorator or a registry makes it
+                # a method at run time, and its calls (`self.train_fn(...)`) cannot be followed
+                return self.fail(module, func, f"`{func.qualname}` takes `self` outside a class: it becomes a method "
+                                               "at run time, so its calls cannot be followed to pass the scaler")
             # nothing in the project calls it: dead code, or an entry point of the project's API;
             # it takes the scaler as a keyword-only parameter (and the report says so)
             c = Carrier("param", set(), self.name, [])
