@@ -1122,8 +1122,11 @@ class UseRewrites:
         if not isinstance(outer, ast.Call) or call not in outer.args or "clip" in (dotted(outer.func) or "") or \
                 not isinstance(st, (ast.Expr, ast.Assign)) or st.lineno != st.end_lineno:
             return False
-        if any(getattr(s, "call", None) is not None and "loss_scale" in kwargs(s.call)
-               and not is_const(kwargs(s.call)["loss_scale"], "dynamic") for s in self.g.seeds):
+        static = next((s for s in self.g.seeds if getattr(s, "call", None) is not None
+                       and "loss_scale" in kwargs(s.call) and not is_const(kwargs(s.call)["loss_scale"], "dynamic")),
+                      None)
+        if static is not None:
+            self.static_scale_at = static.call.lineno
             return False
         m = u.module
         text = m.src.code(st)
@@ -1148,8 +1151,11 @@ class UseRewrites:
         clip = getattr(call, "_p", None)
         if not (isinstance(clip, ast.Call) and "clip_grad" in (dotted(clip.func) or "") and clip.args
                 and clip.args[0] is call):
+            static = self.static_scale_at
             raise Refuse(f"amp.master_params at line {u.line} is read on micro-batches where the optimizer does "
-                         "not step: migrate it by hand")
+                         "not step" + (f", and amp.initialize at line {static} may set a static loss scale (the "
+                                       "gradients cannot be unscaled exactly there)" if static else "")
+                         + ": migrate it by hand")
         st = stmt_of(clip)
         if not (isinstance(st, ast.Expr) and st.value is clip):
             raise Refuse(f"the clip at line {clip.lineno} runs on every micro-batch and its result is used; native AMP "
