@@ -153,3 +153,40 @@ def test_a_module_level_method_is_refused_not_given_a_parameter_nobody_passes(tm
     for rel, text in files.items():
         assert (tmp_path / rel).read_text() == text, rel
     assert not filecmp.cmp(tmp_path / "lib/train.py", tmp_path / "lib/fit.py", shallow=False)
+
+
+META = '''\
+import torch
+from apex import amp
+
+from .trainer import Trainer
+
+
+class MetaTrainer(Trainer):
+    def _forward(self, args, inputs, labels, model, backprop=True):
+        loss = model(inputs)[0]
+        if backprop:
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+            meta_loss = self.meta(loss.detach())
+            self.meta_optimizer.zero_grad()
+            meta_loss.backward()
+            self.meta_optimizer.step()
+        return loss
+'''
+
+
+def test_copies_of_a_class_in_other_packages_are_not_its_subclass_bases(tmp_path):
+    """Three packages each with a `Trainer`; one has `MetaTrainer(Trainer)` (its own, imported
+    relatively) with a plain backward of a meta-optimizer, so its group refuses.  The other
+    packages' trainers are other classes: they migrate (a base matched by name alone had joined
+    them all into the refused group)."""
+    trainer = RESCALE_IN_BRANCH.replace("from apex import amp\n", "from apex import amp\nfrom common import X\n")
+    files = {"top/common.py": "X = 1\n", "top/a/__init__.py": "", "top/a/trainer.py": trainer, "top/a/meta.py": META,
+             "top/b/__init__.py": "", "top/b/trainer.py": trainer}
+    write(tmp_path, files)
+    out = run(tmp_path, "--write")
+    assert "top/b/trainer.py: rewritten" in out.output, out.output
+    assert "apex" not in (tmp_path / "top/b/trainer.py").read_text()
+    assert (tmp_path / "top/a/trainer.py").read_text() == trainer
+    assert (tmp_path / "top/a/meta.py").read_text() == META

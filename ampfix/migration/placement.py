@@ -210,8 +210,13 @@ class Solver:
         ``NetworkTrainer._maybe_init_amp`` and a grandchild's ``run_iteration``)."""
         if a.cls is b.cls:
             return True
-        if any(isinstance(x, ast.Name) and x.id == a.cls.name for x in b.cls.bases) or any(
-                isinstance(x, ast.Name) and x.id == b.cls.name for x in a.cls.bases):
+        if any(c is a.cls for _, c in self.p.ancestors(b.module, b.cls)) or any(
+                c is b.cls for _, c in self.p.ancestors(a.module, a.cls)):
+            return True
+        # a base named as the other class, where the name cannot be followed: only in one module
+        # (three copies of a `Trainer` in three packages are three classes)
+        if a.module is b.module and (any(isinstance(x, ast.Name) and x.id == a.cls.name for x in b.cls.bases) or any(
+                isinstance(x, ast.Name) and x.id == b.cls.name for x in a.cls.bases)):
             return True
         return self.p.method(b.module, b.cls, a.node.name) is a or self.p.method(a.module, a.cls, b.node.name) is b
 
