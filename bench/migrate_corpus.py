@@ -346,6 +346,38 @@ def unpassed(root: Path, added: list) -> tuple:
     return missing, unseen
 
 
+def unbound_calls(root: Path, unseen: set) -> list:
+    """For added parameters no bound call of which was found: calls anywhere in the repository
+    that name the function (``f(...)``, ``obj.f(...)``, ``Cls(...)`` for ``__init__``) with an
+    argument and without the new parameter, as (key, text).  Not bound, so not counted broken: a
+    reader checks each (a method a decorator attaches is called as ``self.f(...)``, which the
+    binding above does not tell)."""
+    import ast
+
+    by_name = {}
+    for fname, cls, new, home in unseen:
+        by_name.setdefault(cls if fname == "__init__" and cls else fname, []).append((fname, cls, new, home))
+    out = []
+    for f in sorted(root.rglob("*.py")):
+        try:
+            text = f.read_text(errors="replace")
+            if not any(n in text for n in by_name):
+                continue
+            tree = ast.parse(text)
+        except (OSError, SyntaxError):
+            continue
+        for c in ast.walk(tree):
+            if not isinstance(c, ast.Call) or not (c.args or c.keywords):
+                continue
+            name = c.func.id if isinstance(c.func, ast.Name) else c.func.attr if isinstance(c.func, ast.Attribute) \
+                else None
+            for key in by_name.get(name, ()):
+                if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg in (None, key[2]) for k in c.keywords):
+                    continue
+                out.append((key, f"{os.path.relpath(f, root)}:{c.lineno} {name}(...) without `{key[2]}` (not bound)"))
+    return out
+
+
 #: pyflakes' findings (through ruff, when it is installed: `pip install ruff`) that a rewrite must
 #: not add: an undefined name or one read before it is bound is a broken file; an unused local, an
 #: unused import or a redefinition is debris a reviewer would not merge
@@ -456,6 +488,7 @@ def main(argv=None) -> int:
                 required[path] = added_required((repo / rel).read_text(errors="replace"),
                                                 Path(path).read_text(errors="replace"))
         missing, unseen = unpassed(tmp, [(*a, p) for p, v in required.items() for a in v])
+        by_name_only = unbound_calls(tmp, unseen)
         for path in sorted(set(by) | set(after_by)):
             rel = os.path.relpath(path, tmp)
             text_before = (repo / rel).read_text(errors="replace") if (repo / rel).exists() else ""
@@ -482,10 +515,12 @@ def main(argv=None) -> int:
             mine = {(f, c, new, path) for f, c, _, new in required.get(path, [])}
             not_passed = [m for k, m in missing if k in mine]
             not_found = sorted(f"{c + '.' if c else ''}{f}({new})" for f, c, new, _ in mine & unseen)
+            named_not_passed = [m for k, m in by_name_only if k in mine]
             files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
-                          "required_not_passed": not_passed, "required_callers_not_found": not_found})
+                          "required_not_passed": not_passed, "required_callers_not_found": not_found,
+                          "required_maybe_not_passed": named_not_passed})
             ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
                   and not not_passed)
             for k in ("apex.amp", "FP16_Optimizer"):
@@ -533,6 +568,8 @@ def main(argv=None) -> int:
                 sum(bool(f.get("required_not_passed")) for f in fls),
             "files with a required parameter added whose callers were not found":
                 sum(bool(f.get("required_callers_not_found")) for f in fls),
+            "of those, files where a call by the same name does not pass it (not bound: read each)":
+                sum(bool(f.get("required_maybe_not_passed")) for f in fls),
         }
 
     summary = side(modules, files)

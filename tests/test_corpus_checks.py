@@ -61,6 +61,23 @@ def test_a_parameter_no_call_reaches_is_counted_apart(tmp_path):
     assert unseen == {("_load", "Model", "scaler", home), ("train", None, "scaler", home)}
 
 
+def test_calls_by_name_alone_are_listed_for_parameters_no_bound_call_reaches(tmp_path):
+    """A method a class decorator attaches (`def train_fn(self, loader, *, scaler)` at module
+    level) is called as `self.train_fn(loader)` from another attached function: no binding finds
+    that call, so the parameter counts as reached by none; the call by name is listed apart."""
+    (tmp_path / "train.py").write_text("def train_fn(self, loader, *, scaler):\n    pass\n")
+    (tmp_path / "fit.py").write_text(
+        "def fit(self, loader):\n"
+        "    self.train_fn(loader)\n"                  # by name, without it: listed
+        "    self.train_fn(loader, scaler=s)\n"        # passes it: not listed
+        "    self.train_fn()\n")                       # no argument (`model.train()`-like): not listed
+    got = [("train_fn", None, ["self", "loader"], "scaler", str(tmp_path / "train.py"))]
+    missing, unseen = mc.unpassed(tmp_path, got)
+    assert missing == [] and unseen == {("train_fn", None, "scaler", str(tmp_path / "train.py"))}
+    listed = mc.unbound_calls(tmp_path, unseen)
+    assert [text for _, text in listed] == ["fit.py:2 train_fn(...) without `scaler` (not bound)"]
+
+
 def test_calls_are_matched_as_python_would_bind_them(tmp_path):
     (tmp_path / "m.py").write_text(AFTER)
     (tmp_path / "run.py").write_text(
