@@ -310,12 +310,12 @@ def _calls_a_model(stmt, models: Set[str]) -> bool:
     return False
 
 
-def _only_rescales(stmt: ast.stmt, names: Set[str]) -> bool:
+def _rescales_only(stmt: ast.stmt, names: Set[str]) -> bool:
     """``loss = loss / n``, ``loss /= n``, ``if n > 1: loss = loss.mean()``: the statement only
     rescales the names it assigns of ``names`` (each assignment reads what it writes, and calls
     nothing but their own methods): no forward pass is there."""
     if isinstance(stmt, ast.If):
-        return all(_only_rescales(s, names) for s in [*stmt.body, *stmt.orelse]) and not any(
+        return all(_rescales_only(s, names) for s in [*stmt.body, *stmt.orelse]) and not any(
             isinstance(n, ast.Call) for n in [stmt.test, *walk(stmt.test)])
     if isinstance(stmt, ast.AugAssign):
         targets, value = {dotted(stmt.target)}, stmt.value
@@ -365,7 +365,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 first = j
                 last = last if last is not None else j
         if first is not None and isinstance(owner, (ast.If, ast.With, ast.AsyncWith, ast.Try)) and \
-                owner is not unit and all(_only_rescales(block[j], feeds[j]) for j in contrib):
+                owner is not unit and all(_rescales_only(block[j], feeds[j]) for j in contrib):
             # `if accumulating: loss = loss / n` in a branch: the loss itself comes from further out
             cur, needed = owner, entry
             continue
