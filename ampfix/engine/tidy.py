@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ampfix.model.analysis import torch_version_test
@@ -1008,7 +1009,6 @@ def locals_gone_unread(before: str, after: str, path: str, star_exports=None) ->
         src.parse()
     except (SourceError, SyntaxError, ValueError):
         return after
-    model = Model(src.tree, star_exports)
     gone: List[ast.stmt] = []
     for q, fn in _qualnames(src.tree).items():
         was = old.get(q)
@@ -1023,18 +1023,18 @@ def locals_gone_unread(before: str, after: str, path: str, star_exports=None) ->
         params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
         read_after = {n.id for n in names if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
         read_before = {n.id for n in ast.walk(was) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
-        stores: Dict[str, List[ast.Name]] = {}
+        stores = Counter(n.id for n in names if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+        constants: Dict[str, List[ast.Assign]] = {}  # `name = <constant>` statements
         for n in names:
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                stores.setdefault(n.id, []).append(n)
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and \
+                    isinstance(n.value, ast.Constant):
+                constants.setdefault(n.targets[0].id, []).append(n)
         for name in sorted((read_before - read_after) & set(stores) - declared - params):
-            assigns = [getattr(n, "_p", None) for n in stores[name]]
-            if all(isinstance(a, ast.Assign) and len(a.targets) == 1 and a.targets[0] is n
-                   and isinstance(a.value, ast.Constant) for a, n in zip(assigns, stores[name])):
-                gone.extend(assigns)
+            if len(constants.get(name, ())) == stores[name]:  # bound by those alone
+                gone.extend(constants[name])
     if not gone:
         return after
     try:
-        return apply_edits(after, Remover(src, model, Builder(src)).remove(gone))
+        return apply_edits(after, Remover(src, Model(src.tree, star_exports), Builder(src)).remove(gone))
     except Conflict:
         return after

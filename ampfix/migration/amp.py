@@ -850,8 +850,6 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.write_backs_gone: Set[int] = set()  # `models[i] = model` after an initialize that went
         #: bfloat16: functions (solver keys) that the AMP switch is not carried to (carriers_not_read)
         self.no_carrier: Set[object] = set()
-        #: the line of an amp.initialize whose loss scale may be static (gradients cannot be unscaled exactly)
-        self.static_scale_at: Optional[int] = None
 
     # -- the whole group -----------------------------------------------------------------------
     def plan(self) -> None:

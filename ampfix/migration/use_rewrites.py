@@ -1122,11 +1122,7 @@ class UseRewrites:
         if not isinstance(outer, ast.Call) or call not in outer.args or "clip" in (dotted(outer.func) or "") or \
                 not isinstance(st, (ast.Expr, ast.Assign)) or st.lineno != st.end_lineno:
             return False
-        static = next((s for s in self.g.seeds if getattr(s, "call", None) is not None
-                       and "loss_scale" in kwargs(s.call) and not is_const(kwargs(s.call)["loss_scale"], "dynamic")),
-                      None)
-        if static is not None:
-            self.static_scale_at = static.call.lineno
+        if self._static_scale_at() is not None:
             return False
         m = u.module
         text = m.src.code(st)
@@ -1138,6 +1134,16 @@ class UseRewrites:
         self.notes.add("a gradient read on every micro-batch runs in _unscaled_grads(): the gradients divided by the "
                        "scale for it and scaled back (the scale kept on the GPU)")
         return True
+
+    def _static_scale_at(self) -> Optional[int]:
+        """The line of an amp.initialize of the group whose loss scale may be static (not the
+        literal "dynamic"): there, gradients cannot be unscaled exactly outside the step."""
+        for s in self.g.seeds:
+            call = getattr(s, "call", None)
+            scale = kwargs(call).get("loss_scale") if call is not None else None
+            if scale is not None and not is_const(scale, "dynamic"):
+                return call.lineno
+        return None
 
     def _clip_at_the_step(self, u: Use, c: Carrier, call, steps, o: str, params: str) -> None:
         """A clip of ``amp.master_params(opt)`` on every micro-batch, where the optimizer steps less
@@ -1151,7 +1157,7 @@ class UseRewrites:
         clip = getattr(call, "_p", None)
         if not (isinstance(clip, ast.Call) and "clip_grad" in (dotted(clip.func) or "") and clip.args
                 and clip.args[0] is call):
-            static = self.static_scale_at
+            static = self._static_scale_at()
             raise Refuse(f"amp.master_params at line {u.line} is read on micro-batches where the optimizer does "
                          "not step" + (f", and amp.initialize at line {static} may set a static loss scale (the "
                                        "gradients cannot be unscaled exactly there)" if static else "")
