@@ -66,6 +66,11 @@ ENTRIES = {
     # forward pass in the function's own block, outside both, gets the autocast region
     "nested_rescale": [["run.py", "--epochs", "2"], ["run.py", "--epochs", "2", "--fp16",
                                                       "--gradient_accumulation_steps", "2"]],
+    # apex set up in a `try:` beside a log line and arithmetic, its handler only reporting: the
+    # scaler is made before the `if`; the try, which only guarded apex's import, goes with the
+    # log line that spoke of apex
+    "try_setup": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"],
+                  ["train.py", "--epochs", "2", "--fp16", "--opt_level", "O0"]],
 }
 
 

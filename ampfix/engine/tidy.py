@@ -216,8 +216,9 @@ class Remover:
                     while j + 1 < len(removed) and removed[j].end_lineno + 1 == self.b.first_line(removed[j + 1]):
                         j += 1
                     run_end = removed[j].end_lineno
-                heads = (run_end is not None and block[0] is s and isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef))
-                         and removed[j] is not block[-1] and above is None)
+                # (under `def ...:`, `try:`, `if ...:`: a block does not start with a blank line)
+                heads = (run_end is not None and block[0] is s and owner is not None
+                         and not isinstance(owner, ast.Module) and removed[j] is not block[-1] and above is None)
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
         return edits
 
@@ -449,7 +450,40 @@ def removal_of_unused(src: Source, model: Model, specs: Iterable, builder: Optio
             whole += _read_only_by_tests_that_go(model, whole, uses, trial)
     edits = [b.replace(stmt, _import_text(stmt, keep, src)) for stmt, keep in partial]
     whole = whole + _nones_of_gone_imports(model, whole, partial, uses)
+    whole = whole + _apex_reports_of_gone_imports(model, whole)
     return edits + remover.remove(whole) if whole else edits
+
+
+def _apex_reports_of_gone_imports(model: Model, whole) -> List[ast.stmt]:
+    """``try: from apex import amp; logger.info(f"apex enabled on {rank}"); ...``: where apex's
+    import goes, a log line or print beside it that speaks of apex (it reported apex's setup)
+    goes too, when the block keeps other statements."""
+    gone = {id(x) for x in whole}
+    out: List[ast.stmt] = []
+    for t in walk(model.tree, into_functions=True):
+        if not isinstance(t, ast.Try) or not any(
+                id(x) in gone and isinstance(x, (ast.Import, ast.ImportFrom)) and _imports_apex(x) for x in t.body):
+            continue
+        said = [x for x in t.body if id(x) not in gone and _reports_apex(x)]
+        if said and any(id(x) not in gone and x not in said for x in t.body):
+            out.extend(said)
+    return out
+
+
+def _imports_apex(x) -> bool:
+    names = [x.module or ""] if isinstance(x, ast.ImportFrom) else [a.name for a in x.names]
+    return not getattr(x, "level", 0) and any(n == "apex" or n.startswith("apex.") for n in names)
+
+
+def _reports_apex(x) -> bool:
+    """A print or a log call whose message speaks of apex."""
+    if not (isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)):
+        return False
+    f = _name_of(x.value.func) or ""
+    if f != "print" and f.split(".")[-1] not in ("info", "warning", "warn", "debug", "error"):
+        return False
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "apex" in n.value.lower()
+               for a in x.value.args for n in ast.walk(a))
 
 
 def _nones_of_gone_imports(model: Model, whole, partial, uses) -> List[ast.stmt]:

@@ -45,6 +45,18 @@ from ampfix.model.semantic import block_of, dotted, walk
 
 APEX_WORDS = ("apex",)
 
+#: apex flags a framework's base class settles for the classes that extend it.  Hugging Face's
+#: ``Trainer`` sets ``self.use_apex = True`` only for ``half_precision_backend="apex"`` (the
+#: framework-flag rule rewrites that choice) and raises at construction when apex is not
+#: installed: in a subclass that overrides ``train()``, ``if self.use_apex:`` is code that can no
+#: longer run once apex is gone.
+FRAMEWORK_FLAGS = {
+    "transformers.Trainer": {"use_apex": False},
+    "transformers.trainer.Trainer": {"use_apex": False},
+    "transformers.Seq2SeqTrainer": {"use_apex": False},
+    "transformers.trainer_seq2seq.Seq2SeqTrainer": {"use_apex": False},
+}
+
 
 class DualPlanner:
     def __init__(self, project) -> None:
@@ -122,11 +134,15 @@ class DualModule:
         self.routes: Dict[str, List[ast.stmt]] = {}
         self.dead: Set[int] = set()
         self.claimed: List[ast.AST] = []
+        for c, flags in self._framework_flags().items():
+            self.inherited.setdefault(c, {}).update({a: v for a, v in flags.items()
+                                                     if a not in self.inherited.get(c, {})})
 
     # -- recognising the shape -------------------------------------------------------------------
     def applies(self) -> bool:
         tree = self.m.tree
-        if not self._native_path():
+        # a class that extends a framework's trainer has its native path there (`self.use_amp`)
+        if not self._native_path() and not self._framework_flags():
             # no native path beside the apex one: the apex branch itself becomes native AMP (the
             # other planners), and a has_apex flag keeps True, the value of that path
             return False
@@ -493,6 +509,27 @@ class DualModule:
             out.append(id(x))
             todo.extend(local[b.id] for b in x.bases if isinstance(b, ast.Name) and b.id in local)
         return out
+
+    def _framework_flags(self) -> Dict[int, Dict[str, bool]]:
+        """The apex flags (:data:`FRAMEWORK_FLAGS`) of this module's classes that extend a
+        framework's class directly, where the class stores none of them itself."""
+        out: Dict[int, Dict[str, bool]] = {}
+        for c in self._classes():
+            stored = {n.attr for n in walk(c, into_functions=True) if isinstance(n, ast.Attribute)
+                      and isinstance(n.ctx, ast.Store)}
+            for base in c.bases:
+                for q in self.m.sem.qnames(base):
+                    flags = {a: v for a, v in FRAMEWORK_FLAGS.get(q, {}).items() if a not in stored}
+                    if flags and not self._stored_elsewhere_than(c, flags):
+                        out.setdefault(id(c), {}).update(flags)
+        return out
+
+    def _stored_elsewhere_than(self, c: ast.ClassDef, flags) -> bool:
+        """Some flag is stored outside ``c`` in this module or stored in another module."""
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr in flags:
+                return True
+        return any(self._stored_elsewhere(a) for a in flags)
 
     def class_flags(self) -> Dict[int, Dict[str, bool]]:
         """The settled apex flags of this module's classes (after :meth:`applies`)."""

@@ -24,6 +24,29 @@ def _only_reports(body) -> bool:
                for x in body)
 
 
+_PURE_CALLS = {"int", "float", "len", "round", "min", "max", "str", "abs"}
+_REPORTS = ("print", "logging.", "logger.", "log.", "warnings.warn")
+
+
+def _cannot_fail(x) -> bool:
+    """A statement that does not raise in practice: a log line or a print, or a name bound to
+    arithmetic on names, constants and ``int`` / ``len`` / ``min`` ... (``t_total =
+    int(len(loader) * args.epochs)``)."""
+    if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call):
+        f = dotted(x.value.func) or ""
+        return f == "print" or any(f.startswith(r) for r in _REPORTS if r.endswith("."))
+    if isinstance(x, ast.Assign) and all(isinstance(t, ast.Name) for t in x.targets):
+        for n in ast.walk(x.value):
+            if isinstance(n, ast.Call):
+                if not (isinstance(n.func, ast.Name) and n.func.id in _PURE_CALLS) or n.keywords:
+                    return False
+            elif not isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator,
+                                    ast.unaryop, ast.Load, ast.expr_context)):
+                return False
+        return True
+    return False
+
+
 def lazy_tested(test) -> Set[str]:
     """What a lazy guard tests for being unset: ``X is None``, ``X == None``, ``not X``."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and dotted(test.operand):
@@ -247,6 +270,7 @@ class SeedRewrites:
         # the negation of the tests before it; the scaler goes before the chain, enabled by it
         negs: List[ast.If] = []
         loops: List[ast.For] = []
+        tries: List[ast.Try] = []
         for a in ancestors_stmts(stmt, unit):
             if home is not None and (a is home or not any(a is x for x in inside)):
                 if a is home and isinstance(a, ast.If) and a not in gs:
@@ -264,10 +288,18 @@ class SeedRewrites:
                 # what follows the try runs only where its body ran whole, as straight code
                 continue
             if isinstance(a, ast.Try) and not a.finalbody and not a.orelse and a.handlers and \
-                    all(isinstance(x, (ast.Import, ast.ImportFrom)) or x is stmt for x in a.body) and \
-                    any(x is stmt for x in a.body) and all(_only_reports(h.body) for h in a.handlers):
+                    any(x is stmt for x in a.body) and all(_only_reports(h.body) for h in a.handlers) and \
+                    all(isinstance(x, (ast.Import, ast.ImportFrom)) or _cannot_fail(x)
+                        for x in a.body[:next(i for i, x in enumerate(a.body) if x is stmt)]):
                 # `try: import apex.amp as amp; initialize(...)` / `except: logger.info("install
-                # apex")`: only apex's import could fail, which native AMP cannot; the try goes
+                # apex")`: only apex's import could fail before the seed (a log line or arithmetic
+                # beside it does not), which native AMP cannot; the scaler is made where apex was
+                # set up, and what follows it falls to the handler as before.  Where a statement
+                # comes before the seed in the try, the scaler is made before the try: it then
+                # exists wherever the step runs, whatever the body does
+                if any(not isinstance(x, (ast.Import, ast.ImportFrom)) for x in
+                       a.body[:next(i for i, x in enumerate(a.body) if x is stmt)]):
+                    tries.append(a)
                 continue
             if isinstance(a, ast.For) and home is None and not a.orelse:
                 # a model and its optimizer initialized one by one in a loop (one objective each): one
@@ -287,7 +319,7 @@ class SeedRewrites:
                 gs = gs[:i]
                 break
         around = [a for a in ancestors_stmts(stmt, unit) if a in gs or any(a is n for n in negs)
-                  or any(a is n for n in loops)]
+                  or any(a is n for n in loops) or any(a is t for t in tries)]
         top = around[-1] if around else stmt
         folded = [gd for gd in gs if not terminates(gd.orelse)]
         negated = [a for a in negs if not terminates(a.body)]

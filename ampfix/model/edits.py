@@ -219,7 +219,7 @@ class Builder:
         end = run_end or stmt.end_lineno
         after = end + 1
         if heads:
-            # the run opened its block (right under `def ...:`): the blank lines after it go, so
+            # the run opened its block (right under `def ...:`, `try:`): the blank lines after it go, so
             # that the block does not start with one
             while after < src.line_count and not src.line_text(after).strip():
                 after += 1

@@ -1,0 +1,140 @@
+"""Twenty-sixth round: shapes of the twenty-sixth batch and of the refusals they share with the
+corpus (measured before these fixes).
+
+1. A subclass of Hugging Face's `Trainer` that overrides `train()` (a copy of the framework's loop)
+   reads `self.use_apex`, which the framework's `__init__` sets: `if self.use_apex:
+   amp.initialize(...)`, `amp.master_params(opt) if self.use_apex else model.parameters()`.  The
+   scaled backward is the framework's own (`training_step`), so "the optimizer is never used with
+   amp.scale_loss" refused it.  The framework sets `use_apex` only for the apex backend and raises
+   when apex is missing: the apex path is dead code once apex is gone, and the native path
+   (`self.use_amp`, `self.scaler`) is the framework's.
+2. apex set up inside a `try:` whose handler only reports, with a log line or some arithmetic
+   before `amp.initialize` (`logging.info(...)`, `t_total = int(len(loader) * epochs)`): refused
+   as "runs inside a `try` statement".  Those statements do not fail where apex's import could;
+   the scaler is made where the `try` was, and a log line that spoke of apex goes with it.
+"""
+from test_round17_shapes import run, write
+
+HF_SUBCLASS = '''\
+import torch
+from transformers import Trainer
+from transformers.file_utils import is_apex_available
+
+if is_apex_available():
+    from apex import amp
+
+
+class ContrastiveTrainer(Trainer):
+    def train(self, model_path=None):
+        model = self.model
+        # Mixed precision training with apex (torch < 1.6)
+        if self.use_apex:
+            model, self.optimizer = amp.initialize(model, self.optimizer, opt_level=self.args.fp16_opt_level)
+        for inputs in self.get_train_dataloader():
+            loss = self.training_step(model, inputs)
+            if self.use_amp:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(
+                amp.master_params(self.optimizer) if self.use_apex else model.parameters(),
+                self.args.max_grad_norm,
+            )
+            if self.use_amp:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        return loss
+'''
+
+
+def test_a_subclass_of_the_framework_trainer_drops_its_apex_path(tmp_path):
+    write(tmp_path, {"trainers.py": HF_SUBCLASS})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "trainers.py").read_text()
+    assert "amp." not in text and "apex" not in text.lower().replace("# mixed precision training with apex", "")
+    assert "use_apex" not in text
+    assert "torch.nn.utils.clip_grad_norm_(\n                model.parameters(),\n" in text
+    # the framework's native path is untouched
+    assert text.count("self.scaler.") == 3 and "self.use_amp" in text
+    compile(text, "trainers.py", "exec")
+    assert "Would rewrite 0 files" in run(tmp_path).output
+
+
+def test_a_subclass_that_sets_use_apex_itself_is_not_settled_by_the_framework(tmp_path):
+    own = HF_SUBCLASS.replace("        model = self.model\n",
+                              "        model = self.model\n        self.use_apex = self.args.fp16\n")
+    write(tmp_path, {"trainers.py": own})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "trainers.py").read_text()
+    # the class decides `use_apex` itself: the framework's fact does not hold, the apex path is not dropped
+    assert "if self.use_apex:" in text or "amp.initialize" in text
+    assert "ContrastiveTrainer" in text
+
+
+TRY_SETUP = '''\
+import logging
+import sys
+
+import torch
+
+
+def train(model, optimizer, data, apex_enable):
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if apex_enable:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(4)]
+    epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    apex_enable = False
+    try:
+        from apex import amp
+
+        logging.info("Enable apex successful")
+        t_total = int(len(data) * epochs)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        apex_enable = True
+    except Exception as e:
+        logging.error(e)
+        logging.error("import apex failed")
+    train(model, optimizer, data, apex_enable)
+'''
+
+
+def test_a_try_with_a_log_line_and_arithmetic_before_initialize(tmp_path):
+    write(tmp_path, {"train.py": TRY_SETUP})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "apex." not in text and "amp.scale_loss" not in text and "from apex" not in text
+    # the scaler exists wherever the step runs: made before the try, not inside it
+    assert text.index("scaler = torch.amp.GradScaler(") < text.index("    try:\n")
+    # the try keeps what may still fail and its handler; it does not start with a blank line, and
+    # apex's success message went with apex
+    assert "    try:\n        t_total = int(len(data) * epochs)\n" in text
+    assert "Enable apex successful" not in text and 'logging.error("import apex failed")' in text
+    assert "scaler.scale(loss).backward()" in text
+    compile(text, "train.py", "exec")
+    assert "Would rewrite 0 files" in run(tmp_path).output
+
+
+def test_a_try_whose_body_may_fail_before_initialize_stays_refused(tmp_path):
+    """`model.load_state_dict(torch.load(path))` before `amp.initialize` may fail, and the handler
+    goes on without AMP: a scaler made inside would not exist at the step."""
+    risky = TRY_SETUP.replace('        t_total = int(len(data) * epochs)\n',
+                              '        model.load_state_dict(torch.load("init.pt"))\n')
+    write(tmp_path, {"train.py": risky})
+    out = run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "amp.initialize" in text and "GradScaler" not in text
+    assert "runs inside a `try` statement" in out.output
