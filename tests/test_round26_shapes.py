@@ -139,3 +139,19 @@ def test_a_try_whose_body_may_fail_before_initialize_stays_refused(tmp_path):
     text = (tmp_path / "train.py").read_text()
     assert "amp.initialize" in text and "GradScaler" not in text
     assert "runs inside a `try` statement" in out.output
+
+
+def test_apex_log_line_stays_where_apex_is_still_set_up(tmp_path):
+    """The try keeps `from apex import amp` (its initialize is refused) while the import of apex's
+    DDP goes: the log line that says apex is enabled still tells the truth and stays."""
+    kept = TRY_SETUP.replace("        from apex import amp\n",
+                             "        from apex import amp\n        from apex.parallel import DistributedDataParallel\n")
+    kept = kept.replace('        t_total = int(len(data) * epochs)\n',
+                        '        model.load_state_dict(torch.load("init.pt"))\n')
+    kept = kept.replace("        apex_enable = True\n",
+                        "        model = DistributedDataParallel(model)\n        apex_enable = True\n")
+    write(tmp_path, {"train.py": kept})
+    run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "from apex import amp" in text and "apex.parallel" not in text
+    assert 'logging.info("Enable apex successful")' in text

@@ -456,13 +456,16 @@ def removal_of_unused(src: Source, model: Model, specs: Iterable, builder: Optio
 
 def _apex_reports_of_gone_imports(model: Model, whole) -> List[ast.stmt]:
     """``try: from apex import amp; logger.info(f"apex enabled on {rank}"); ...``: where apex's
-    import goes, a log line or print beside it that speaks of apex (it reported apex's setup)
-    goes too, when the block keeps other statements."""
+    imports go (all of them: where one stays, apex is still set up there), a log line or print
+    beside them that speaks of apex (it reported apex's setup) goes too, when the block keeps
+    other statements."""
     gone = {id(x) for x in whole}
     out: List[ast.stmt] = []
     for t in walk(model.tree, into_functions=True):
-        if not isinstance(t, ast.Try) or not any(
-                id(x) in gone and isinstance(x, (ast.Import, ast.ImportFrom)) and _imports_apex(x) for x in t.body):
+        if not isinstance(t, ast.Try):
+            continue
+        imports = [x for x in t.body if isinstance(x, (ast.Import, ast.ImportFrom)) and _imports_apex(x)]
+        if not imports or any(id(x) not in gone for x in imports):
             continue
         said = [x for x in t.body if id(x) not in gone and _reports_apex(x)]
         if said and any(id(x) not in gone and x not in said for x in t.body):
