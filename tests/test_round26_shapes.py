@@ -155,3 +155,22 @@ def test_apex_log_line_stays_where_apex_is_still_set_up(tmp_path):
     text = (tmp_path / "train.py").read_text()
     assert "from apex import amp" in text and "apex.parallel" not in text
     assert 'logging.info("Enable apex successful")' in text
+
+
+def test_a_run_of_statements_that_opens_a_block_goes_in_one_edit():
+    """Three apex imports at the head of a `try:` body, a blank line, then the flag: removing the
+    three leaves the block starting with the flag (no blank line), in edits that do not overlap
+    (one edit for the run: a first version gave each import its own edit inside the run's)."""
+    from ampfix.engine.tidy import Remover
+    from ampfix.model.edits import apply_edits
+    from ampfix.model.semantic import Model
+    from ampfix.model.source import Source
+
+    text = ("try:\n    from apex import amp\n    from apex.parallel import DistributedDataParallel as DDP\n"
+            "    from apex.parallel import convert_syncbn_model\n\n    has_apex = True\n"
+            "except ImportError:\n    has_apex = False\n")
+    src = Source(text.encode(), "m.py", text=text)
+    src.parse()
+    model = Model(src.tree)
+    edits = Remover(src, model).remove(src.tree.body[0].body[:3])
+    assert apply_edits(text, edits) == "try:\n    has_apex = True\nexcept ImportError:\n    has_apex = False\n"

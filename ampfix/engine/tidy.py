@@ -200,7 +200,10 @@ class Remover:
                 # an emptied block that must stay: one `pass` in place of its first statement
                 edits.append(self.b.replace_statement(removed[0], ["pass"]))
                 removed = removed[1:]
+            covered = 0  # the last line that an edit for the head of a block already removes
             for i, s in enumerate(removed):
+                if s.end_lineno <= covered:
+                    continue
                 above = None
                 if self._import_like(s):
                     above = self._apex_comment_above(s)
@@ -220,6 +223,8 @@ class Remover:
                 heads = (run_end is not None and block[0] is s and owner is not None
                          and not isinstance(owner, ast.Module) and removed[j] is not block[-1] and above is None)
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
+                if heads:
+                    covered = run_end  # that edit removes the whole run and the blank lines after it
         return edits
 
     def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:

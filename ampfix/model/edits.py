@@ -223,8 +223,8 @@ class Builder:
             # that the block does not start with one
             while after < src.line_count and not src.line_text(after).strip():
                 after += 1
-            if after > end + 1:
-                b = src.starts[after - 1]
+            # one edit for the whole run (the tidy skips the run's other statements)
+            b = src.starts[after - 1] if after > end + 1 else src.line_end(end)
             return Edit(a, b, "")
         if after <= src.line_count and not src.line_text(after).strip():
             # a blank line follows: the blank lines above go too (else they would pile up); with
