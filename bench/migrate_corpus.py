@@ -442,7 +442,95 @@ def kind(d):
     return None
 
 
+def side(mods, fls):
+    return {
+        "repositories": len({r["repo"] for r in mods}),
+        "apex.amp modules": sum(r["kind"] == "apex.amp" for r in mods),
+        "apex.amp migrated right": sum(r["kind"] == "apex.amp" and r["status"] == "migrated" for r in mods),
+        "FP16_Optimizer modules": sum(r["kind"] == "FP16_Optimizer" for r in mods),
+        "FP16_Optimizer migrated right": sum(r["kind"] == "FP16_Optimizer" and r["status"] == "migrated"
+                                             for r in mods),
+        "refused": sum(r["status"] == "refused" for r in mods),
+        "broken": sum(r["status"] == "broken" for r in mods),
+        "right %": round(100 * sum(r["status"] == "migrated" for r in mods) / max(1, len(mods)), 1),
+        "files written": sum(f.get("changed", False) for f in fls),
+        "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in fls),
+        "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in fls),
+        "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
+        "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
+        "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
+        "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
+        "files with an undefined name added": sum(bool(f.get("undefined_names")) for f in fls),
+        "files with debris added (unused local, import, redefinition)": sum(bool(f.get("debris")) for f in fls),
+        "files with a required parameter added that a caller does not pass":
+            sum(bool(f.get("required_not_passed")) for f in fls),
+        "files with a required parameter added whose callers were not found":
+            sum(bool(f.get("required_callers_not_found")) for f in fls),
+        "of those, files where a call by the same name does not pass it (not bound: read each)":
+            sum(bool(f.get("required_maybe_not_passed")) for f in fls),
+    }
+
+
+
+def summarize(modules: list, files: list, rows: list, holdout: set, batch: dict) -> dict:
+    """The summary of one run: all modules, the holdout, the tuned ones and each batch."""
+    summary = side(modules, files)
+    summary["holdout"] = side([r for r in modules if r["holdout"]], [f for f in files if f["repo"] in holdout])
+    summary["tuned"] = side([r for r in modules if not r["holdout"]], [f for f in files if f["repo"] not in holdout])
+    for b in sorted(set(batch.values())):  # repositories added together (measured before any fix for them)
+        summary["batch " + b] = side([r for r in modules if r["batch"] == b],
+                                     [f for f in files if batch.get(f["repo"]) == b])
+    summary["errors"] = [r for r in rows if "error" in r]
+    summary["pyflakes checks (undefined names, debris)"] = "run" if RUFF is not None else "NOT RUN (--no-flakes)"
+    return summary
+
+
+def write(out: Optional[Path], summary: dict, modules: Optional[list] = None, files: Optional[list] = None) -> None:
+    print(json.dumps(summary, indent=1))
+    if not out:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corpus.json").write_text(json.dumps({"summary": summary, "modules": modules, "files": files},
+                                                indent=1))
+    lines = ["| repository | module | kind | uses | result | why left |", "|---|---|---|---|---|---|"]
+    for r in modules:
+        name = r["repo"] + (" (holdout)" if r["holdout"] else "")
+        lines.append(f"| {name} | {r['path']} | {r['kind']} | {r['uses']} | {r['status']} | "
+                     f"{(r['reason'] or '').replace('|', '/')} |")
+    (out / "corpus.md").write_text("\n".join(lines) + "\n")
+
+
+def merge(runs: list, out: Optional[Path]) -> int:
+    """One summary of runs over disjoint sets of repositories made by the same ampfix (a batch
+    added while the rest was being measured): holdout and batches are read from the manifest."""
+    modules, files = [], []
+    seen = set()
+    for run in runs:
+        d = json.loads(Path(run).read_text())
+        repos = {r["repo"] for r in d["modules"]} | {f["repo"] for f in d["files"]}
+        if repos & seen:
+            raise SystemExit(f"{run}: repositories measured twice: {sorted(repos & seen)[:3]}")
+        seen |= repos
+        modules += d["modules"]
+        files += d["files"]
+    entries = json.loads(MANIFEST.read_text())["repos"]
+    holdout = {e["repo"].replace("/", "+") for e in entries if e.get("holdout")}
+    batch = {e["repo"].replace("/", "+"): e["batch"] for e in entries if e.get("batch")}
+    for r in modules:
+        r["holdout"], r["batch"] = r["repo"] in holdout, batch.get(r["repo"])
+    write(out, summarize(modules, files, [], holdout, batch), modules, files)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        # `merge RUN/corpus.json ... --out DIR`: runs over disjoint repositories, one summary
+        mp = argparse.ArgumentParser(prog="migrate_corpus.py merge")
+        mp.add_argument("runs", nargs="+", type=Path)
+        mp.add_argument("--out", type=Path, default=None)
+        margs = mp.parse_args(argv[1:])
+        return merge(margs.runs, margs.out)
     ap = argparse.ArgumentParser()
     ap.add_argument("corpus", type=Path)
     ap.add_argument("--out", type=Path, default=None)
@@ -544,53 +632,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp.parent, ignore_errors=True)
     modules = [r for r in rows if "kind" in r]
 
-    def side(mods, fls):
-        return {
-            "repositories": len({r["repo"] for r in mods}),
-            "apex.amp modules": sum(r["kind"] == "apex.amp" for r in mods),
-            "apex.amp migrated right": sum(r["kind"] == "apex.amp" and r["status"] == "migrated" for r in mods),
-            "FP16_Optimizer modules": sum(r["kind"] == "FP16_Optimizer" for r in mods),
-            "FP16_Optimizer migrated right": sum(r["kind"] == "FP16_Optimizer" and r["status"] == "migrated"
-                                                 for r in mods),
-            "refused": sum(r["status"] == "refused" for r in mods),
-            "broken": sum(r["status"] == "broken" for r in mods),
-            "right %": round(100 * sum(r["status"] == "migrated" for r in mods) / max(1, len(mods)), 1),
-            "files written": sum(f.get("changed", False) for f in fls),
-            "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in fls),
-            "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in fls),
-            "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
-            "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
-            "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
-            "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
-            "files with an undefined name added": sum(bool(f.get("undefined_names")) for f in fls),
-            "files with debris added (unused local, import, redefinition)": sum(bool(f.get("debris")) for f in fls),
-            "files with a required parameter added that a caller does not pass":
-                sum(bool(f.get("required_not_passed")) for f in fls),
-            "files with a required parameter added whose callers were not found":
-                sum(bool(f.get("required_callers_not_found")) for f in fls),
-            "of those, files where a call by the same name does not pass it (not bound: read each)":
-                sum(bool(f.get("required_maybe_not_passed")) for f in fls),
-        }
-
-    summary = side(modules, files)
-    summary["holdout"] = side([r for r in modules if r["holdout"]], [f for f in files if f["repo"] in holdout])
-    summary["tuned"] = side([r for r in modules if not r["holdout"]], [f for f in files if f["repo"] not in holdout])
-    for b in sorted(set(batch.values())):  # repositories added together (measured before any fix for them)
-        summary["batch " + b] = side([r for r in modules if r["batch"] == b],
-                                     [f for f in files if batch.get(f["repo"]) == b])
-    summary["errors"] = [r for r in rows if "error" in r]
-    summary["pyflakes checks (undefined names, debris)"] = "run" if RUFF is not None else "NOT RUN (--no-flakes)"
-    print(json.dumps(summary, indent=1))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "corpus.json").write_text(json.dumps({"summary": summary, "modules": modules, "files": files},
-                                                         indent=1))
-        lines = ["| repository | module | kind | uses | result | why left |", "|---|---|---|---|---|---|"]
-        for r in modules:
-            name = r["repo"] + (" (holdout)" if r["holdout"] else "")
-            lines.append(f"| {name} | {r['path']} | {r['kind']} | {r['uses']} | {r['status']} | "
-                         f"{(r['reason'] or '').replace('|', '/')} |")
-        (args.out / "corpus.md").write_text("\n".join(lines) + "\n")
+    write(args.out, summarize(modules, files, rows, holdout, batch), modules, files)
     return 0
 
 

@@ -120,3 +120,35 @@ def test_the_measurement_refuses_to_run_without_ruff_unless_told(tmp_path, monke
         mc.main([str(tmp_path), "--out", str(tmp_path / "out")])
     assert exc.value.code == 2
     assert "--no-flakes" in capsys.readouterr().err
+
+
+def test_merge_joins_runs_over_disjoint_repositories(tmp_path):
+    """A batch measured after the rest (same ampfix) joins the main run: one summary, holdout and
+    batches read from the manifest; a repository measured twice is an error."""
+    import json
+
+    import pytest
+
+    entries = json.loads(mc.MANIFEST.read_text())["repos"]
+    held = next(e["repo"].replace("/", "+") for e in entries if e.get("holdout") and e.get("batch"))
+    tuned = next(e["repo"].replace("/", "+") for e in entries if not e.get("holdout"))
+
+    def run(name, repo, status):
+        d = {"modules": [{"repo": repo, "path": "t.py", "kind": "apex.amp", "uses": 1, "status": status,
+                          "left": 0, "reason": None, "holdout": None, "batch": None}],
+             "files": [{"repo": repo, "path": "t.py", "changed": True, "compiles": True},
+                       {"repo": repo, "idempotent": True}]}
+        p = tmp_path / name
+        p.write_text(json.dumps(d))
+        return p
+
+    a, b = run("a.json", held, "migrated"), run("b.json", tuned, "refused")
+    assert mc.merge([a, b], tmp_path / "out") == 0
+    d = json.loads((tmp_path / "out" / "corpus.json").read_text())
+    s = d["summary"]
+    assert s["apex.amp modules"] == 2 and s["apex.amp migrated right"] == 1 and s["refused"] == 1
+    assert s["holdout"]["apex.amp migrated right"] == 1 and s["tuned"]["refused"] == 1
+    assert s["files written"] == 2
+    assert next(m for m in d["modules"] if m["repo"] == held)["holdout"] is True
+    with pytest.raises(SystemExit):
+        mc.merge([a, run("c.json", held, "refused")], None)
