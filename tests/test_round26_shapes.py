@@ -174,3 +174,64 @@ def test_a_run_of_statements_that_opens_a_block_goes_in_one_edit():
     model = Model(src.tree)
     edits = Remover(src, model).remove(src.tree.body[0].body[:3])
     assert apply_edits(text, edits) == "try:\n    has_apex = True\nexcept ImportError:\n    has_apex = False\n"
+
+
+INIT_SCALE = '''\
+import argparse
+
+import torch
+from apex import amp
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--loss_scale", type=float, default=0)
+    parser.add_argument("--init_loss_scale", type=float, default=2 ** 20)
+    args = parser.parse_args()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.fp16:
+        if args.loss_scale == 0:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale="dynamic")
+        else:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale=args.loss_scale)
+        amp._amp_state.loss_scalers[0]._loss_scale = args.init_loss_scale
+    for _ in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        if args.fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_apex_private_first_loss_scale_read_from_the_arguments(tmp_path):
+    """NVIDIA's BERT pre-training sets apex's first loss scale through its private state from an
+    argument, after one initialize per branch: the scaler's init_scale reads the same argument,
+    and the private line goes once (it served both branches)."""
+    write(tmp_path, {"train.py": INIT_SCALE})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "_amp_state" not in text and "apex" not in text
+    assert text.count("GradScaler(") == 1 and "init_scale=args.init_loss_scale" in text
+    compile(text, "train.py", "exec")
+    assert "Would rewrite 0 files" in run(tmp_path).output
+
+
+def test_a_first_loss_scale_that_reads_a_name_bound_after_initialize_is_refused(tmp_path):
+    rebound = INIT_SCALE.replace("        amp._amp_state.loss_scalers[0]._loss_scale = args.init_loss_scale\n",
+                                 "        first = args.init_loss_scale * 2\n"
+                                 "        amp._amp_state.loss_scalers[0]._loss_scale = first\n")
+    write(tmp_path, {"train.py": rebound})
+    out = run(tmp_path, "--write")
+    assert (tmp_path / "train.py").read_text() == rebound
+    assert "reads a name bound after amp.initialize" in out.output

@@ -531,7 +531,8 @@ class SeedRewrites:
         target = self._scaler_target(s)
         lazy_ok = target.startswith("self.")
         try:
-            at, cond = self._hoist(s, enabled, option_reads(s.call, self.bf16), lazy_ok)
+            at, cond = self._hoist(s, enabled, option_reads(s.call, self.bf16) | self._initial_scale_reads(m),
+                                   lazy_ok)
         except SetInside:
             self._in_place_with_default(s, target, enabled, scaler_args)
             return
@@ -543,13 +544,7 @@ class SeedRewrites:
         if lazy_ok and guards(s.stmt, s.unit) and at is not guards(s.stmt, s.unit)[-1]:
             self.must_default.add(id(s.func.cls))  # made under a lazy guard: __init__ makes a disabled one
         self.enabled[s.idx] = cond
-        # apex's private first loss scale, set beside initialize (ViT-pytorch and its copies)
-        for u, c in self.g.needs:
-            if u.kind == "_amp_state" and u.module is m:
-                val = self._initial_scale(u)
-                scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
-                scaler_args.insert(0, f"init_scale={val}")
-                self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
+        scaler_args = self._with_initial_scale(s, scaler_args)
         key = (m.path, id(at), target)
         if at is not s.stmt and key in self.made_before:
             # `if n_gpu > 1: ...initialize... else: ...initialize...`: one scaler, made once, on
@@ -558,7 +553,7 @@ class SeedRewrites:
             if first["args"] != scaler_args:
                 # `if args.loss_scale == 0: initialize(..., loss_scale="dynamic") else: initialize(...,
                 # loss_scale=args.loss_scale)` (NVIDIA's BERT scripts): each option as the branch chose it
-                scaler_args = self._options_by_branch(first, s, scaler_args)
+                scaler_args = self._with_initial_scale(s, self._options_by_branch(first, s, scaler_args))
             cond = disj(first["cond"], cond)
             args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
             made = self._made(target, args, cond, m.src.char_col(at.lineno, at.col_offset))
@@ -1221,7 +1216,27 @@ class SeedRewrites:
         self._add_region(s.module, block, start, end, autocast_call(self.s, cond))
         self.g.description = "apex.amp.init -> torch.autocast around what follows it"
 
-    def _initial_scale(self, u: Use) -> str:
+    def _with_initial_scale(self, s: Seed, scaler_args: List[str]) -> List[str]:
+        """apex's private first loss scale, set beside initialize (ViT-pytorch and its copies,
+        NVIDIA's BERT scripts): the scaler's init_scale, whatever the loss scale option said."""
+        for u, c in self.g.needs:
+            if u.kind == "_amp_state" and u.module is s.module:
+                val = self._initial_scale(u, s)
+                scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
+                scaler_args.insert(0, f"init_scale={val}")
+                self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
+        return scaler_args
+
+    def _initial_scale_reads(self, m) -> Set[str]:
+        """The names apex's private first loss scale reads (``_loss_scale = args.init_scale``)."""
+        out: Set[str] = set()
+        for u, c in self.g.needs:
+            st = stmt_of(u.node) if u.kind == "_amp_state" and u.module is m else None
+            if isinstance(st, ast.Assign):
+                out |= read(st.value)
+        return out
+
+    def _initial_scale(self, u: Use, s: Seed) -> str:
         """``amp._amp_state.loss_scalers[0]._loss_scale = 2**20``: the value, and the line goes."""
         n = u.node
         sub, attr = getattr(n, "_p", None), getattr(getattr(n, "_p", None), "_p", None)
@@ -1232,9 +1247,22 @@ class SeedRewrites:
                 and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.targets[0] is attr):
             raise Refuse(f"apex's private state is used at line {u.line}: migrate it by hand")
         value = stmt.value
-        if any(isinstance(x, (ast.Name, ast.Attribute, ast.Call)) for x in [value, *walk(value)]):
+        calls = [x for x in [value, *walk(value)] if isinstance(x, ast.Call)]
+        if any(dotted(x.func) not in _PURE_SCALE_CALLS for x in calls):
             raise Refuse(f"the loss scale set at line {stmt.lineno} is not a number")
-        self.fc(u.module).remove(stmt)
+        # `= args.init_loss_scale`, `= float(os.getenv("INIT_LOSS_SCALE", 2**20))`: the expression
+        # is read where the scaler is made (its names are among the options' reads there); a name
+        # it reads bound again between amp.initialize and this line would read something else
+        unit = s.func.node if s.func is not None else s.module.tree
+        names = {d.split(".")[0] for d in read(value)}
+        if any(isinstance(x, ast.Name) and isinstance(x.ctx, ast.Store) and x.id in names
+               and s.stmt.lineno <= x.lineno <= stmt.lineno for x in walk(unit)):
+            raise Refuse(f"the loss scale set at line {stmt.lineno} reads a name bound after amp.initialize: "
+                         "make the scaler by hand")
+        gone = self.__dict__.setdefault("_initial_scales_gone", set())
+        if id(stmt) not in gone:  # one line for both seeds of `if ...: initialize(...) else: initialize(...)`
+            gone.add(id(stmt))
+            self.fc(u.module).remove(stmt)
         return code(value)
 
     def _private_scale(self, u: Use) -> None:
@@ -1244,6 +1272,8 @@ class SeedRewrites:
 
 
 _DYNAMIC_VALUES = (None, 0, "dynamic")
+#: calls a first loss scale may make and still be said as the scaler's init_scale
+_PURE_SCALE_CALLS = {"float", "int", "os.getenv", "os.environ.get"}
 
 
 def loss_scale_args(ls, code, notes: Set[str]) -> List[str]:
