@@ -20,6 +20,11 @@ rewrite made required that a call found in the repository does not pass (matched
 names: a script's own function of that name is not the one) makes the module broken; one with no
 call found at all is counted apart: nothing here can say it is passed.  Writes ``corpus.json`` and
 ``corpus.md``.
+
+    python bench/migrate_corpus.py merge RUN/corpus.json LATE/corpus.json --out DIR
+
+joins runs of one snapshot over disjoint repositories (a batch added while the rest was measured)
+into one summary, holdout and batches read from the manifest.
 """
 from __future__ import annotations
 
