@@ -490,7 +490,7 @@ def summarize(modules: list, files: list, rows: list, holdout: set, batch: dict)
     return summary
 
 
-def write(out: Optional[Path], summary: dict, modules: Optional[list] = None, files: Optional[list] = None) -> None:
+def write(out: Optional[Path], summary: dict, modules: list, files: list) -> None:
     print(json.dumps(summary, indent=1))
     if not out:
         return

@@ -16,7 +16,8 @@ import sys
 from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from ampfix.model.analysis import torch_version_test
+from ampfix.model.analysis import is_log_call, torch_version_test
+from ampfix.model.apex import imports_apex
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
 from ampfix.model.semantic import Model, block_of, dotted, iter_statements, walk
 from ampfix.model.source import Source, SourceError
@@ -469,7 +470,7 @@ def _apex_reports_of_gone_imports(model: Model, whole) -> List[ast.stmt]:
     for t in walk(model.tree, into_functions=True):
         if not isinstance(t, ast.Try):
             continue
-        imports = [x for x in t.body if isinstance(x, (ast.Import, ast.ImportFrom)) and _imports_apex(x)]
+        imports = [x for x in t.body if imports_apex(x)]
         if not imports or any(id(x) not in gone for x in imports):
             continue
         said = [x for x in t.body if id(x) not in gone and _reports_apex(x)]
@@ -478,19 +479,9 @@ def _apex_reports_of_gone_imports(model: Model, whole) -> List[ast.stmt]:
     return out
 
 
-def _imports_apex(x) -> bool:
-    names = [x.module or ""] if isinstance(x, ast.ImportFrom) else [a.name for a in x.names]
-    return not getattr(x, "level", 0) and any(n == "apex" or n.startswith("apex.") for n in names)
-
-
 def _reports_apex(x) -> bool:
     """A print or a log call whose message speaks of apex."""
-    if not (isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)):
-        return False
-    f = _name_of(x.value.func) or ""
-    if f != "print" and f.split(".")[-1] not in ("info", "warning", "warn", "debug", "error"):
-        return False
-    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "apex" in n.value.lower()
+    return is_log_call(x) and any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "apex" in n.value.lower()
                for a in x.value.args for n in ast.walk(a))
 
 

@@ -847,6 +847,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.guarded: Set[int] = set()  # ifs that got `scaler is not None and` first
         self.params_gone: Set[int] = set()  # defs whose apex-amp parameter goes
         self.nones_gone: Set[int] = set()  # `else: amp = None` beside a caller's apex import, removed
+        self.scales_gone: Set[int] = set()  # apex's private first loss scale lines, removed
         self.write_backs_gone: Set[int] = set()  # `models[i] = model` after an initialize that went
         #: bfloat16: functions (solver keys) that the AMP switch is not carried to (carriers_not_read)
         self.no_carrier: Set[object] = set()

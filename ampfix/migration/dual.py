@@ -36,11 +36,12 @@ import re
 from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.engine.tidy import checks_for_apex
-from ampfix.model.analysis import AUTOCAST, GRADSCALER, is_const, method_call, receiver, string_value, torch_version_test
+from ampfix.model.analysis import (AUTOCAST, GRADSCALER, is_const, is_log_call, method_call, receiver, string_value,
+                                   torch_version_test)
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.rule import ImportSpec
-from ampfix.model.apex import apex_uses
+from ampfix.model.apex import apex_uses, imports_apex
 from ampfix.model.semantic import block_of, dotted, walk
 
 APEX_WORDS = ("apex",)
@@ -134,7 +135,9 @@ class DualModule:
         self.routes: Dict[str, List[ast.stmt]] = {}
         self.dead: Set[int] = set()
         self.claimed: List[ast.AST] = []
-        for c, flags in self._framework_flags().items():
+        #: id of a class that extends a framework's trainer -> the apex flags the framework settles
+        self.framework: Dict[int, Dict[str, bool]] = self._framework_flags()
+        for c, flags in self.framework.items():
             self.inherited.setdefault(c, {}).update({a: v for a, v in flags.items()
                                                      if a not in self.inherited.get(c, {})})
 
@@ -142,7 +145,7 @@ class DualModule:
     def applies(self) -> bool:
         tree = self.m.tree
         # a class that extends a framework's trainer has its native path there (`self.use_amp`)
-        if not self._native_path() and not self._framework_flags():
+        if not self._native_path() and not self.framework:
             # no native path beside the apex one: the apex branch itself becomes native AMP (the
             # other planners), and a has_apex flag keeps True, the value of that path
             return False
@@ -186,8 +189,7 @@ class DualModule:
         for t in walk(self.m.tree, into_functions=True):
             if not isinstance(t, ast.Try):
                 continue
-            imports_apex = any(isinstance(x, (ast.Import, ast.ImportFrom)) and _is_apex_import(x) for x in t.body)
-            if not imports_apex:
+            if not any(imports_apex(x) for x in t.body):
                 continue
             trues = {dotted(x.targets[0]) for x in t.body if isinstance(x, ast.Assign) and len(x.targets) == 1
                      and is_const(x.value, True)}
@@ -425,11 +427,11 @@ class DualModule:
                     "apex" in (dotted(st.targets[0]) or "").split(".")[-1].lower():
                 flag = True
             elif isinstance(st, ast.If) and not st.orelse and "apex" in self.m.src.code(st.test).lower() and \
-                    all(isinstance(x, ast.Raise) or _is_log(x) or _is_message(x) for x in st.body):
+                    all(isinstance(x, ast.Raise) or is_log_call(x) or _is_message(x) for x in st.body):
                 continue
-            elif isinstance(st, ast.Raise) or _is_log(st) or isinstance(st, ast.Pass):
+            elif isinstance(st, ast.Raise) or is_log_call(st) or isinstance(st, ast.Pass):
                 continue
-            elif isinstance(st, (ast.Import, ast.ImportFrom)) and _is_apex_import(st):
+            elif imports_apex(st):
                 continue
             else:
                 return False
@@ -520,12 +522,13 @@ class DualModule:
             for base in c.bases:
                 for q in self.m.sem.qnames(base):
                     flags = {a: v for a, v in FRAMEWORK_FLAGS.get(q, {}).items() if a not in stored}
-                    if flags and not self._stored_elsewhere_than(c, flags):
+                    if flags and not self._stored_anywhere(flags):
                         out.setdefault(id(c), {}).update(flags)
         return out
 
-    def _stored_elsewhere_than(self, c: ast.ClassDef, flags) -> bool:
-        """Some flag is stored outside ``c`` in this module or stored in another module."""
+    def _stored_anywhere(self, flags) -> bool:
+        """Some flag is stored in this module (outside the class that would read it as the
+        framework's: its own were taken out before) or in another module."""
         for n in walk(self.m.tree, into_functions=True):
             if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr in flags:
                 return True
@@ -712,7 +715,7 @@ class DualModule:
         while p is not None and not isinstance(p, ast.stmt):
             p = getattr(p, "_p", None)
         return isinstance(p, ast.If) and not p.orelse and checks_for_apex(p.test) and all(
-            isinstance(x, (ast.Import, ast.ImportFrom)) and _is_apex_import(x) for x in p.body) and any(
+            imports_apex(x) for x in p.body) and any(
             y is n for y in walk(p.test))
 
     def _is_elif(self, n: ast.If) -> bool:
@@ -976,20 +979,6 @@ def _is_message(st) -> bool:
     """``msg = ("... install apex ...")``: a message put together before it is raised or logged."""
     return isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and (
         isinstance(st.value, ast.JoinedStr) or (isinstance(st.value, ast.Constant) and isinstance(st.value.value, str)))
-
-
-def _is_log(st) -> bool:
-    """``logger.info(...)``, ``print(...)``, ``warnings.warn(...)`` as a statement."""
-    if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
-        return False
-    name = dotted(st.value.func) or ""
-    return name == "print" or name.split(".")[-1] in ("info", "warning", "warn", "debug", "error", "log")
-
-
-def _is_apex_import(x) -> bool:
-    if isinstance(x, ast.Import):
-        return any(a.name.split(".")[0] == "apex" for a in x.names)
-    return not x.level and bool(x.module) and x.module.split(".")[0] == "apex"
 
 
 def _edit(a, b, text):

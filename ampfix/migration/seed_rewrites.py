@@ -6,7 +6,7 @@ import ast
 from typing import List, Optional, Set, Tuple
 
 from ampfix.model.apex import apex_value_condition, fold_installed
-from ampfix.model.analysis import is_const, kwargs, method_call, number_value, receiver, string_value
+from ampfix.model.analysis import is_const, is_log_call, kwargs, method_call, number_value, receiver, string_value
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, read,
@@ -25,7 +25,14 @@ def _only_reports(body) -> bool:
 
 
 _PURE_CALLS = {"int", "float", "len", "round", "min", "max", "str", "abs"}
-_REPORTS = ("print", "logging.", "logger.", "log.", "warnings.warn")
+
+
+def _before_in(t, stmt) -> Optional[List[ast.stmt]]:
+    """The statements of try ``t``'s body before ``stmt``, when ``stmt`` is one of them."""
+    if not isinstance(t, ast.Try):
+        return None
+    i = next((i for i, x in enumerate(t.body) if x is stmt), None)
+    return None if i is None else t.body[:i]
 
 
 def _cannot_fail(x) -> bool:
@@ -33,8 +40,7 @@ def _cannot_fail(x) -> bool:
     arithmetic on names, constants and ``int`` / ``len`` / ``min`` ... (``t_total =
     int(len(loader) * args.epochs)``)."""
     if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call):
-        f = dotted(x.value.func) or ""
-        return f == "print" or any(f.startswith(r) for r in _REPORTS if r.endswith("."))
+        return is_log_call(x)
     if isinstance(x, ast.Assign) and all(isinstance(t, ast.Name) for t in x.targets):
         for n in ast.walk(x.value):
             if isinstance(n, ast.Call):
@@ -287,18 +293,17 @@ class SeedRewrites:
                 # `try: from apex import amp; initialize(...)` / `except ...: print(...); return`:
                 # what follows the try runs only where its body ran whole, as straight code
                 continue
-            if isinstance(a, ast.Try) and not a.finalbody and not a.orelse and a.handlers and \
-                    any(x is stmt for x in a.body) and all(_only_reports(h.body) for h in a.handlers) and \
-                    all(isinstance(x, (ast.Import, ast.ImportFrom)) or _cannot_fail(x)
-                        for x in a.body[:next(i for i, x in enumerate(a.body) if x is stmt)]):
+            before = _before_in(a, stmt)
+            if before is not None and not a.finalbody and not a.orelse and a.handlers and \
+                    all(_only_reports(h.body) for h in a.handlers) and \
+                    all(isinstance(x, (ast.Import, ast.ImportFrom)) or _cannot_fail(x) for x in before):
                 # `try: import apex.amp as amp; initialize(...)` / `except: logger.info("install
                 # apex")`: only apex's import could fail before the seed (a log line or arithmetic
                 # beside it does not), which native AMP cannot; the scaler is made where apex was
                 # set up, and what follows it falls to the handler as before.  Where a statement
                 # comes before the seed in the try, the scaler is made before the try: it then
                 # exists wherever the step runs, whatever the body does
-                if any(not isinstance(x, (ast.Import, ast.ImportFrom)) for x in
-                       a.body[:next(i for i, x in enumerate(a.body) if x is stmt)]):
+                if any(not isinstance(x, (ast.Import, ast.ImportFrom)) for x in before):
                     tries.append(a)
                 continue
             if isinstance(a, ast.For) and home is None and not a.orelse:
@@ -1219,19 +1224,22 @@ class SeedRewrites:
     def _with_initial_scale(self, s: Seed, scaler_args: List[str]) -> List[str]:
         """apex's private first loss scale, set beside initialize (ViT-pytorch and its copies,
         NVIDIA's BERT scripts): the scaler's init_scale, whatever the loss scale option said."""
-        for u, c in self.g.needs:
-            if u.kind == "_amp_state" and u.module is s.module:
-                val = self._initial_scale(u, s)
-                scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
-                scaler_args.insert(0, f"init_scale={val}")
-                self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
+        for u in self._initial_scale_uses(s.module):
+            val = self._initial_scale(u, s)
+            scaler_args = [a for a in scaler_args if not a.startswith("init_scale=")]
+            scaler_args.insert(0, f"init_scale={val}")
+            self.notes.add("apex's private _amp_state loss scale: the scaler's init_scale")
         return scaler_args
+
+    def _initial_scale_uses(self, m) -> List[Use]:
+        """apex's private state used in module ``m`` (``amp._amp_state.loss_scalers[0]._loss_scale``)."""
+        return [u for u, c in self.g.needs if u.kind == "_amp_state" and u.module is m]
 
     def _initial_scale_reads(self, m) -> Set[str]:
         """The names apex's private first loss scale reads (``_loss_scale = args.init_scale``)."""
         out: Set[str] = set()
-        for u, c in self.g.needs:
-            st = stmt_of(u.node) if u.kind == "_amp_state" and u.module is m else None
+        for u in self._initial_scale_uses(m):
+            st = stmt_of(u.node)
             if isinstance(st, ast.Assign):
                 out |= read(st.value)
         return out
@@ -1259,9 +1267,8 @@ class SeedRewrites:
                and s.stmt.lineno <= x.lineno <= stmt.lineno for x in walk(unit)):
             raise Refuse(f"the loss scale set at line {stmt.lineno} reads a name bound after amp.initialize: "
                          "make the scaler by hand")
-        gone = self.__dict__.setdefault("_initial_scales_gone", set())
-        if id(stmt) not in gone:  # one line for both seeds of `if ...: initialize(...) else: initialize(...)`
-            gone.add(id(stmt))
+        if id(stmt) not in self.scales_gone:  # one line for both seeds of `if ...: initialize() else: initialize()`
+            self.scales_gone.add(id(stmt))
             self.fc(u.module).remove(stmt)
         return code(value)
 

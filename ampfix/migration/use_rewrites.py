@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
 from ampfix.engine.tidy import pure
-from ampfix.model.analysis import arg, exclusive, is_const, kwargs, method_call, receiver
+from ampfix.model.analysis import arg, exclusive, is_const, is_log_call, kwargs, method_call, receiver
 from ampfix.model.apex import (
     fold_installed, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
 )
@@ -1318,7 +1318,7 @@ class UseRewrites:
             raise Refuse(f"amp.load_state_dict at line {u.line} is not a statement of its own")
         gd = getattr(st, "_p", None)
         if isinstance(gd, ast.If) and not gd.orelse and any(x is st for x in gd.body) and \
-                all(x is st or self._only_logs(x) for x in gd.body):
+                all(x is st or is_log_call(x) for x in gd.body):
             fc.remove(gd, described=True)
         else:
             fc.remove(st, described=True)
@@ -1330,14 +1330,6 @@ class UseRewrites:
         self.notes.add("checkpoints no longer carry apex's loss scale: the GradScaler lives in a hook that the "
                        "checkpoint code cannot reach, so a resumed run starts from the initial scale and finds its "
                        "own again within a few steps")
-
-    @staticmethod
-    def _only_logs(st) -> bool:
-        """``print(...)`` or ``logger.info(...)`` (any logging method) as a statement."""
-        if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
-            return False
-        f = dotted(st.value.func) or ""
-        return f == "print" or f.rsplit(".", 1)[-1] in ("debug", "info", "warning", "warn", "error", "log")
 
     @staticmethod
     def _as_test(u: Use):

@@ -216,6 +216,18 @@ def number_value(node) -> Optional[float]:
     return None
 
 
+#: the methods of a logger (and ``warnings.warn``) that only say something
+LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
+
+
+def is_log_call(st) -> bool:
+    """``print(...)``, ``logger.info(...)``, ``warnings.warn(...)`` as a statement."""
+    if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)):
+        return False
+    name = dotted(st.value.func) or ""
+    return name == "print" or name.rsplit(".", 1)[-1] in LOG_METHODS
+
+
 def is_optimizer_step(call) -> bool:
     """``<opt>.step()`` on something named like an optimizer or a scaler."""
     if not method_call(call, "step"):

@@ -73,6 +73,13 @@ def names_apex(text) -> bool:
     return any(m in text for m in MARKERS)
 
 
+def imports_apex(x) -> bool:
+    """``import apex...`` or ``from apex... import ...`` (absolute)."""
+    if isinstance(x, ast.Import):
+        return any(a.name.split(".")[0] == "apex" for a in x.names)
+    return isinstance(x, ast.ImportFrom) and not x.level and (x.module or "").split(".")[0] == "apex"
+
+
 def attribute_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
     """apex's amp kept on an object (:func:`self_aliases`, :func:`object_aliases`), computed once
     per module."""
