@@ -71,6 +71,10 @@ ENTRIES = {
     # log line that spoke of apex
     "try_setup": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"],
                   ["train.py", "--epochs", "2", "--fp16", "--opt_level", "O0"]],
+    # apex initialized in a helper under a comment that described only that line (it goes with
+    # it); a warm-up weight computed after the forward stays out of the region; two evaluations
+    # in a row share one autocast region
+    "eval_pair": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
 }
 
 

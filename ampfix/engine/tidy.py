@@ -158,10 +158,14 @@ class Remover:
         return False
 
     def remove(self, stmts: Sequence[ast.stmt], filled: Set[tuple] = frozenset(),
-               described: Set[int] = frozenset(), obsolete: Set[int] = frozenset()) -> List[Edit]:
+               described: Set[int] = frozenset(), obsolete: Set[int] = frozenset(),
+               replaced: Set[int] = frozenset()) -> List[Edit]:
         """Edits removing ``stmts``; ``filled`` names the blocks (``(id(owner), field)``) that
         receive new statements: they are not empty, whatever goes from them.  ``described``: ids
-        of apex statements whose comment lines right above, when they speak of apex, go with them."""
+        of apex statements whose comment lines right above, when they speak of apex, go with them.
+        ``replaced``: offsets of line starts where new statements go; a statement that starts
+        there keeps the comment above it (it describes what takes the statement's place: the
+        GradScaler made where `if args.amp: <initialize>` was)."""
         edits: List[Edit] = []
         for s in stmts:
             self.gone[id(s)] = s
@@ -180,6 +184,7 @@ class Remover:
         tops = [s for s in self.gone.values() if not self._inside_gone(s)]
         # a block that goes because the described statements in it went is described too
         described = set(described) | {id(s) for s in tops if any(id(x) in described for x in walk(s))}
+        described -= {id(s) for s in tops if self.src.starts[self.b.first_line(s) - 1] in replaced}
         edits.extend(self._carry_comments([s for s in tops if id(s) not in obsolete]))
         blocks: Dict[tuple, List[ast.stmt]] = {}
         for s in tops:

@@ -82,7 +82,7 @@ class EvaluationRewrites:
                 continue
             owner, field, block = block_of(st)
             i = next(k for k, x in enumerate(block) if x is st)
-            self._add_region(module, block, i, i, autocast_call(self.s, cond))
+            self._add_region(module, block, i, i, autocast_call(self.s, cond), evaluation=True)
             self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
                            "autocast")
         return trains
@@ -176,7 +176,7 @@ class EvaluationRewrites:
     def _inside_planned_region(self, st) -> bool:
         """Whether a region this plan adds already holds ``st``."""
         for module, block, ranges in self.regions.values():
-            for i, j, _ in ranges:
+            for i, j, *_ in ranges:
                 for x in block[i:j + 1]:
                     if x is st or any(y is st for y in walk(x, into_functions=False)):
                         return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
-from ampfix.model.analysis import exclusive, method_call
+from ampfix.model.analysis import exclusive, method_call, scalar_assignment
 from ampfix.model.semantic import DEFS, LOOPS, block_of, dotted, walk
 
 #: calls that only prepare inputs (copies, casts, reshapes): a forward pass does not start there
@@ -329,6 +329,14 @@ def _rescales_only(stmt: ast.stmt, names: Set[str]) -> bool:
                for n in [value, *walk(value)])
 
 
+def _reads_any(node, names: Set[str]) -> bool:
+    """``node`` reads one of ``names`` (or a part of one, or a whole one of which it reads a part)."""
+    for r in read(node):
+        if any(r == a or r.startswith(a + ".") or a.startswith(r + ".") for a in names):
+            return True
+    return False
+
+
 def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
                    is_barrier=None) -> Tuple[Optional[Region], Set[str]]:
     """The statements before ``site`` that compute ``loss`` (an expression), by data flow back
@@ -384,6 +392,11 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             resolved = set()
             for s in block[first:last + 1]:
                 resolved |= assigned(s)
+            # `alpha = min(1, step / warmup)` last, on nothing the region computed: arithmetic on
+            # numbers, the same outside autocast; the region ends with the forward pass
+            while last > start and scalar_assignment(block[last]) and not _reads_any(
+                    block[last].value, set().union(*(assigned(s) for s in block[start:last]))):
+                last -= 1
             return Region(block, start, last), needed - resolved
         if isinstance(owner, (ast.If, ast.With, ast.AsyncWith, ast.Try)) and owner is not unit:
             cur = owner

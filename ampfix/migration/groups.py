@@ -160,7 +160,8 @@ class FileChanges:
                     owner, field, _ = block_of(st)
                     filled.add((id(owner), field))
                 remover = Remover(self.src, self.module.sem, self.b)
-                removals = remover.remove(self.removed, filled, self.described, self.obsolete)
+                removals = remover.remove(self.removed, filled, self.described, self.obsolete,
+                                          {at for at, _ in self._inserts})
             except Conflict as exc:
                 raise Refuse(str(exc)) from None
             # a rewrite inside a statement that goes whole (`if amp:` around an initialize that

@@ -27,22 +27,28 @@ class Rewriter:
     def fc(self, module) -> FileChanges:
         return self.g.file(module)
 
-    def _add_region(self, module, block, i: int, j: int, header: str) -> None:
+    def _add_region(self, module, block, i: int, j: int, header: str, evaluation: bool = False) -> None:
+        """Statements ``block[i..j]`` run under ``header``; ``evaluation``: they only evaluate (no
+        step can run between them), so a region right after another with the same header joins it."""
         entry = self.regions.setdefault(id(block), (module, block, []))
-        entry[2].append((i, j, header))
+        entry[2].append((i, j, header, evaluation))
 
     def _finish_regions(self) -> None:
         for module, block, ranges in self.regions.values():
             ranges = sorted(set(ranges))
             merged = []
-            for i, j, h in ranges:
-                if merged and i <= merged[-1][1]:
-                    pi, pj, ph = merged[-1]
-                    merged[-1] = (pi, max(pj, j), ph)
+            for i, j, h, ev in ranges:
+                # `with autocast(): a = evaluate(x)` / `with autocast(): b = evaluate(y)` is one
+                # region; regions that may hold a step stay apart: autocast's cache of cast weights
+                # lasts until its region ends, and a step between two forwards would make it stale
+                if merged and (i <= merged[-1][1] or (ev and merged[-1][3] and i == merged[-1][1] + 1
+                                                      and h == merged[-1][2])):
+                    pi, pj, ph, pev = merged[-1]
+                    merged[-1] = (pi, max(pj, j), ph, pev and ev)
                 else:
-                    merged.append((i, j, h))
+                    merged.append((i, j, h, ev))
             fc = self.fc(module)
-            for i, j, h in merged:
+            for i, j, h, _ in merged:
                 inner = self._no_grad_with(block[i]) if i == j else None
                 if inner is not None and id(inner) not in fc.touched:
                     # `for batch in loader: with torch.no_grad(): ...`: autocast joins the `with`

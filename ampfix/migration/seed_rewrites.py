@@ -6,7 +6,8 @@ import ast
 from typing import List, Optional, Set, Tuple
 
 from ampfix.model.apex import apex_value_condition, fold_installed
-from ampfix.model.analysis import is_const, is_log_call, kwargs, method_call, number_value, receiver, string_value
+from ampfix.model.analysis import (is_const, is_log_call, kwargs, method_call, number_value, receiver, scalar_assignment,
+                                   string_value)
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
     OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, read,
@@ -24,9 +25,6 @@ def _only_reports(body) -> bool:
                for x in body)
 
 
-_PURE_CALLS = {"int", "float", "len", "round", "min", "max", "str", "abs"}
-
-
 def _before_in(t, stmt) -> Optional[List[ast.stmt]]:
     """The statements of try ``t``'s body before ``stmt``, when ``stmt`` is one of them."""
     if not isinstance(t, ast.Try):
@@ -41,16 +39,7 @@ def _cannot_fail(x) -> bool:
     int(len(loader) * args.epochs)``)."""
     if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call):
         return is_log_call(x)
-    if isinstance(x, ast.Assign) and all(isinstance(t, ast.Name) for t in x.targets):
-        for n in ast.walk(x.value):
-            if isinstance(n, ast.Call):
-                if not (isinstance(n.func, ast.Name) and n.func.id in _PURE_CALLS) or n.keywords:
-                    return False
-            elif not isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator,
-                                    ast.unaryop, ast.Load, ast.expr_context)):
-                return False
-        return True
-    return False
+    return scalar_assignment(x)
 
 
 def lazy_tested(test) -> Set[str]:
@@ -140,7 +129,7 @@ class SeedRewrites:
         if after:
             fc.replace_statement(s.stmt, after)
         else:
-            fc.remove(s.stmt)
+            fc.remove(s.stmt, described=True)
 
     def _exported_away(self, s: Seed) -> None:
         """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
@@ -583,7 +572,7 @@ class SeedRewrites:
             if made or after:
                 fc.replace_statement(s.stmt, [*([made] if made else []), *after])
             else:
-                fc.remove(s.stmt)
+                fc.remove(s.stmt, described=True)
                 self._dummy_optimizer_goes(s)
         else:
             fc.insert_before(at, [made])
@@ -598,7 +587,7 @@ class SeedRewrites:
         if after:
             self.fc(s.module).replace_statement(s.stmt, after)
         else:
-            self.fc(s.module).remove(s.stmt)
+            self.fc(s.module).remove(s.stmt, described=True)
             self._dummy_optimizer_goes(s)
 
     #: GradScaler's defaults, for an option one branch sets and the other leaves
@@ -1017,7 +1006,7 @@ class SeedRewrites:
             if after:
                 fc.replace_statement(s.stmt, after)
             else:
-                fc.remove(s.stmt)
+                fc.remove(s.stmt, described=True)
             self._optimizer_made_for_apex_goes(s)
         else:
             at = s.stmt
@@ -1196,7 +1185,7 @@ class SeedRewrites:
             raise Refuse(f"amp.init at line {s.use.line} is not a statement of its own")
         at, cond = self._hoist(s, enabled, option_reads(call))
         fc = self.fc(s.module)
-        fc.remove(s.stmt)
+        fc.remove(s.stmt, described=True)
         owner, field, block = block_of(at)
         idx = next(i for i, x in enumerate(block) if x is at)
         rest = [j for j in range(idx + 1, len(block)) if not isinstance(block[j], (ast.Return, *DEFS))]

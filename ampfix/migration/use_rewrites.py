@@ -460,7 +460,7 @@ class UseRewrites:
             for j in range(i - 1, -1, -1):
                 if name in assigned(block[j]):
                     ranges = self.regions.get(id(block), (None, None, []))[2]
-                    return any(a <= j <= b for a, b, _ in ranges)
+                    return any(a <= j <= b for a, b, *_ in ranges)
             cur = owner if isinstance(owner, ast.stmt) else None
         return False
 

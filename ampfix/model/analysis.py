@@ -228,6 +228,26 @@ def is_log_call(st) -> bool:
     return name == "print" or name.rsplit(".", 1)[-1] in LOG_METHODS
 
 
+#: builtins that compute a number from numbers (and ``len``, ``str``)
+_SCALAR_CALLS = {"int", "float", "len", "round", "min", "max", "str", "abs"}
+
+
+def scalar_assignment(st) -> bool:
+    """``names = <arithmetic>`` on names, attributes, constants and ``int`` / ``len`` / ``min``
+    ... (``alpha = min(1, step / warmup)``): nothing there runs a tensor operation of its own
+    that autocast would change, nor fails in practice."""
+    if not (isinstance(st, ast.Assign) and all(isinstance(t, ast.Name) for t in st.targets)):
+        return False
+    for n in ast.walk(st.value):
+        if isinstance(n, ast.Call):
+            if not (isinstance(n.func, ast.Name) and n.func.id in _SCALAR_CALLS) or n.keywords:
+                return False
+        elif not isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator,
+                                ast.unaryop, ast.Load, ast.expr_context)):
+            return False
+    return True
+
+
 def is_optimizer_step(call) -> bool:
     """``<opt>.step()`` on something named like an optimizer or a scaler."""
     if not method_call(call, "step"):
