@@ -477,20 +477,40 @@ class DualModule:
             stores.setdefault((id(c), n.attr), []).append(st if ok else None)
         out: Dict[int, Dict[str, bool]] = {}
         for (cid, attr), sts in stores.items():
-            if attr in foreign or any(x is None for x in sts) or self._stored_elsewhere(attr):
+            if attr in foreign or any(x is None for x in sts) or self._stored_elsewhere(attr, self._class_by_id(cid)):
                 continue
             trues = [x for x in sts if x.value.value is True]
             if trues and all(id(x) in self.dead for x in trues):
                 out.setdefault(cid, {})[attr] = False
         return out
 
-    def _stored_elsewhere(self, attr: str) -> bool:
+    def _stored_elsewhere(self, attr: str, c: Optional[ast.ClassDef] = None) -> bool:
+        """``attr`` is stored in another module of the project; with ``c``, by code that may
+        store it on an object of class ``c`` (a copy of the same trainer in another folder, a
+        class of its own, stores on its own objects only)."""
         store = re.compile(r"\." + re.escape(attr) + r"\s*=[^=]")
-        for m in self.p.modules.values():
+        for m in list(self.p.modules.values()):  # (telling classes apart may read more files)
             if m is self.m or attr not in m.src.text or not store.search(m.src.text):
                 continue
-            return True
+            if c is None or self._may_store_on(m, attr, c):
+                return True
         return False
+
+    def _may_store_on(self, m, attr: str, c: ast.ClassDef) -> bool:
+        """Some store of ``attr`` in module ``m`` may reach an object of class ``c``: any but
+        ``self.<attr> = ...`` in the methods of a class whose objects are never ``c``'s (a copy
+        of the same trainer in another folder)."""
+        own: Set[int] = set()
+        for k in walk(m.tree, into_functions=True):
+            if isinstance(k, ast.ClassDef) and not k.keywords and not k.decorator_list and \
+                    not self.p.may_share_objects((m, k), (self.m, c)):
+                own |= {id(n) for n in walk(k, into_functions=True) if isinstance(n, ast.Attribute)
+                        and isinstance(n.value, ast.Name) and n.value.id == "self"}
+        return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == attr
+                   and id(n) not in own for n in walk(m.tree, into_functions=True))
+
+    def _class_by_id(self, cid: int) -> Optional[ast.ClassDef]:
+        return next((x for x in self._classes() if id(x) == cid), None)
 
     def _class_fact(self, e: ast.Attribute) -> Optional[bool]:
         c = self._class_of(e)

@@ -574,6 +574,40 @@ class Project:
                 out.extend(x for x in self.ancestors(got[0], got[1], depth + 1) if all(x[1] is not c for _, c in out))
         return out
 
+    def may_share_objects(self, a: Tuple[Module, ast.ClassDef], b: Tuple[Module, ast.ClassDef]) -> bool:
+        """Whether an object of class ``a`` may also be one of class ``b``: one is the other or
+        extends it, or a class extends both (a mixin).  Every file of the run that names either is
+        read first; a base that names one of them and cannot be followed, or a file outside the
+        run that names both, counts as sharing."""
+        ca, cb = a[1], b[1]
+        if ca is cb:
+            return True
+        names = {ca.name, cb.name}
+        for name in names:
+            self._load_mentioning(name)
+        for mod in list(self.modules.values()):
+            if not any(n in mod.src.text for n in names):
+                continue
+            mod.index()
+            for x in walk(mod.tree, into_functions=True):
+                if not isinstance(x, ast.ClassDef):
+                    continue
+                mro = [x, *(k for _, k in self.ancestors(mod, x))]
+                if any(k is ca for k in mro) and any(k is cb for k in mro):
+                    return True
+                followed = {k.name for _, k in self.ancestors(mod, x)}
+                if any((dotted(base) or "").split(".")[-1] in names - followed and not self._external(mod, base)
+                       for base in x.bases):
+                    return True  # `class X(Trainer)` whose `Trainer` cannot be followed: maybe one of them
+        outside = [set(self.mentioned_elsewhere(n)) for n in names]
+        return bool(set.intersection(*outside)) if outside else False
+
+    def _external(self, module: Module, expr) -> bool:
+        """``expr`` names something imported from outside the project (``transformers.Trainer``)."""
+        qs = module.sem.qnames(expr)
+        return bool(qs) and all(not q.startswith(".") and self.module_named(q.split(".")[0], near=module) is None
+                                and "." in q for q in qs)
+
     def method(self, module: Module, cls: ast.ClassDef, name: str) -> Optional[Function]:
         """The method ``name`` of ``cls``, its own or inherited from a project base class."""
         return self._method(module, cls, name)
