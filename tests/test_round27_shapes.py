@@ -260,3 +260,20 @@ def test_a_mixin_that_stores_the_flag_on_the_trainers_objects_keeps_it(tmp_path)
     run(tmp_path, "--write", "-q")
     text = (tmp_path / "ranker" / "trainer.py").read_text()
     assert "elif self.use_apex:" in text or "amp.scale_loss" in text
+
+
+def test_a_bug_in_the_dual_path_planner_leaves_the_module_whole_with_its_reason(tmp_path, monkeypatch):
+    """A dual-path planner that failed on a module left nothing of its own, silently, and the other
+    planners took the program's apex path for its only one: now the module's apex code is left whole,
+    with the bug's reason (found when a planner iterated the project's modules while it grew)."""
+    from ampfix.migration import dual
+
+    def boom(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(dual.DualModule, "applies", boom)
+    write(tmp_path, {"trainer.py": VENDORED_TRAINER})
+    out = run(tmp_path, "--write")
+    assert "could not plan this migration (RuntimeError: boom)" in out.output, out.output
+    text = (tmp_path / "trainer.py").read_text()
+    assert "amp.initialize" in text and "amp.scale_loss" in text and "self.use_apex = True" in text

@@ -71,7 +71,17 @@ class DualPlanner:
             if not m.editable or "apex" not in m.src.text:
                 continue
             plans.append(DualModule(self.p, m))
-        final: Dict[str, "DualModule"] = {plan.m.path: plan for plan in plans if plan.applies()}
+        final: Dict[str, "DualModule"] = {}
+        out: List[Group] = []
+        for plan in plans:
+            try:
+                if plan.applies():
+                    final[plan.m.path] = plan
+            except Exception as exc:  # a planner bug: the module's apex code is left whole, with the
+                # reason (the other planners would take a dual program's apex path for its only one)
+                out.append(self._planner_bug(plan.m, exc))
+        broken = {g.id for g in out}
+        plans = [p for p in plans if f"dual:{p.m.path}" not in broken]
         # `self.use_apex` of a class whose every `= True` can no longer run is False in its
         # subclasses too, in other modules: they are planned with it, in one group (all or nothing)
         facts = {cid: (plan, flags) for plan in final.values() for cid, flags in plan.class_flags().items()}
@@ -96,7 +106,6 @@ class DualPlanner:
         components: Dict[str, List["DualModule"]] = {}
         for path in sorted(final):
             components.setdefault(root(path), []).append(final[path])
-        out = []
         for members in components.values():
             g = Group(f"dual:{members[0].m.path}", "dual")
             try:
@@ -113,6 +122,15 @@ class DualPlanner:
                     g.add_use(x.m.path, n)
             out.append(g)
         return out
+
+
+    def _planner_bug(self, m, exc) -> Group:
+        g = Group(f"dual:{m.path}", "dual")
+        g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
+        for n, _ in apex_uses(m.sem, m.tree):
+            g.add_use(m.path, n)
+            self.dead.add(id(n))  # (the other planners skip it)
+        return g
 
 
 class DualModule:
