@@ -486,8 +486,8 @@ def _apex_reports_of_gone_imports(model: Model, whole) -> List[ast.stmt]:
 
 def _reports_apex(x) -> bool:
     """A print or a log call whose message speaks of apex."""
-    return is_log_call(x) and any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "apex" in n.value.lower()
-               for a in x.value.args for n in ast.walk(a))
+    return is_log_call(x) and any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+                                  and "apex" in n.value.lower() for a in x.value.args for n in ast.walk(a))
 
 
 def _nones_of_gone_imports(model: Model, whole, partial, uses) -> List[ast.stmt]:

@@ -73,15 +73,14 @@ class DualPlanner:
             plans.append(DualModule(self.p, m))
         final: Dict[str, "DualModule"] = {}
         out: List[Group] = []
-        for plan in plans:
+        for plan in list(plans):
             try:
                 if plan.applies():
                     final[plan.m.path] = plan
             except Exception as exc:  # a planner bug: the module's apex code is left whole, with the
                 # reason (the other planners would take a dual program's apex path for its only one)
                 out.append(self._planner_bug(plan.m, exc))
-        broken = {g.id for g in out}
-        plans = [p for p in plans if f"dual:{p.m.path}" not in broken]
+                plans.remove(plan)
         # `self.use_apex` of a class whose every `= True` can no longer run is False in its
         # subclasses too, in other modules: they are planned with it, in one group (all or nothing)
         facts = {cid: (plan, flags) for plan in final.values() for cid, flags in plan.class_flags().items()}
@@ -123,8 +122,9 @@ class DualPlanner:
             out.append(g)
         return out
 
-
     def _planner_bug(self, m, exc) -> Group:
+        """The refused group of a module whose planning failed: its apex uses, which the other
+        planners then skip."""
         g = Group(f"dual:{m.path}", "dual")
         g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
         for n, _ in apex_uses(m.sem, m.tree):
@@ -481,6 +481,7 @@ class DualModule:
         methods of its class, is False in them once every ``= True`` lies in code that can no
         longer run, and nothing else in the project stores it."""
         stores: Dict[Tuple[int, str], List[ast.AST]] = {}
+        classes: Dict[int, ast.ClassDef] = {}
         foreign: Set[str] = set()
         for n in walk(self.m.tree, into_functions=True):
             if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and "apex" in n.attr.lower()):
@@ -493,9 +494,10 @@ class DualModule:
             ok = isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is n and \
                 isinstance(st.value, ast.Constant) and isinstance(st.value.value, bool)
             stores.setdefault((id(c), n.attr), []).append(st if ok else None)
+            classes[id(c)] = c
         out: Dict[int, Dict[str, bool]] = {}
         for (cid, attr), sts in stores.items():
-            if attr in foreign or any(x is None for x in sts) or self._stored_elsewhere(attr, self._class_by_id(cid)):
+            if attr in foreign or any(x is None for x in sts) or self._stored_elsewhere(attr, classes[cid]):
                 continue
             trues = [x for x in sts if x.value.value is True]
             if trues and all(id(x) in self.dead for x in trues):
@@ -518,17 +520,17 @@ class DualModule:
         """Some store of ``attr`` in module ``m`` may reach an object of class ``c``: any but
         ``self.<attr> = ...`` in the methods of a class whose objects are never ``c``'s (a copy
         of the same trainer in another folder)."""
+        stores = [n for n in walk(m.tree, into_functions=True)
+                  if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == attr]
         own: Set[int] = set()
         for k in walk(m.tree, into_functions=True):
-            if isinstance(k, ast.ClassDef) and not k.keywords and not k.decorator_list and \
-                    not self.p.may_share_objects((m, k), (self.m, c)):
-                own |= {id(n) for n in walk(k, into_functions=True) if isinstance(n, ast.Attribute)
-                        and isinstance(n.value, ast.Name) and n.value.id == "self"}
-        return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == attr
-                   and id(n) not in own for n in walk(m.tree, into_functions=True))
-
-    def _class_by_id(self, cid: int) -> Optional[ast.ClassDef]:
-        return next((x for x in self._classes() if id(x) == cid), None)
+            if not isinstance(k, ast.ClassDef) or k.keywords or k.decorator_list:
+                continue
+            mine = {id(n) for n in walk(k, into_functions=True) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Name) and n.value.id == "self"}
+            if any(id(n) in mine for n in stores) and not self.p.may_share_objects((m, k), (self.m, c)):
+                own |= mine
+        return any(id(n) not in own for n in stores)
 
     def _class_fact(self, e: ast.Attribute) -> Optional[bool]:
         c = self._class_of(e)

@@ -395,7 +395,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             # `alpha = min(1, step / warmup)` last, on nothing the region computed: arithmetic on
             # numbers, the same outside autocast; the region ends with the forward pass
             while last > start and scalar_assignment(block[last]) and not _reads_any(
-                    block[last].value, set().union(*(assigned(s) for s in block[start:last]))):
+                    block[last].value, assigned_in(block[start:last])):
                 last -= 1
             return Region(block, start, last), needed - resolved
         if isinstance(owner, (ast.If, ast.With, ast.AsyncWith, ast.Try)) and owner is not unit:

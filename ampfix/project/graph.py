@@ -592,15 +592,15 @@ class Project:
             for x in walk(mod.tree, into_functions=True):
                 if not isinstance(x, ast.ClassDef):
                     continue
-                mro = [x, *(k for _, k in self.ancestors(mod, x))]
+                ancestors = [k for _, k in self.ancestors(mod, x)]
+                mro = [x, *ancestors]
                 if any(k is ca for k in mro) and any(k is cb for k in mro):
                     return True
-                followed = {k.name for _, k in self.ancestors(mod, x)}
+                followed = {k.name for k in ancestors}
                 if any((dotted(base) or "").split(".")[-1] in names - followed and not self._external(mod, base)
                        for base in x.bases):
                     return True  # `class X(Trainer)` whose `Trainer` cannot be followed: maybe one of them
-        outside = [set(self.mentioned_elsewhere(n)) for n in names]
-        return bool(set.intersection(*outside)) if outside else False
+        return bool(set.intersection(*(set(self.mentioned_elsewhere(n)) for n in names)))
 
     def _external(self, module: Module, expr) -> bool:
         """``expr`` names something imported from outside the project (``transformers.Trainer``)."""
