@@ -75,6 +75,12 @@ ENTRIES = {
     # it); a warm-up weight computed after the forward stays out of the region; two evaluations
     # in a row share one autocast region
     "eval_pair": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    # two back ends chosen by options (torch.cuda.amp, or apex when an apex opt level is given),
+    # apex imported with importlib onto the trainer; the forward already under the native path's
+    # autocast (apex's condition joins its `enabled=`); helper methods read the gradients through
+    # amp.master_params (the scaler unscales before the first call); predictions kept between the
+    # forward and the accumulation division stay out of the region
+    "twin_backends": [["train.py"], ["train.py", "--fp16"], ["train.py", "--fp16", "--apex_opt_lvl", "O1"]],
 }
 
 

@@ -206,7 +206,11 @@ class AmpPlanner:
                              "here now"))
         unattached = []
         stale: Dict[str, Group] = {}
+        imported = []  # `amp = importlib.import_module("apex.amp")` at module level: an import
         for u, c in need:
+            if u.kind == "" and _module_import_call(u):
+                imported.append(u)
+                continue
             if u.kind == "seed_guard":
                 g = by_root[find(u.seed.idx)]
                 g.needs.append((u, None))
@@ -264,6 +268,18 @@ class AmpPlanner:
                 g.add_use(u.module.path, u.node)
                 continue
             g.needs.append((u, c))
+            g.add_use(u.module.path, u.node)
+        # an import made by importlib goes with the group of its module, which removes it when
+        # that group rewrites every read of the name (UseRewrites._bare)
+        for u in imported:
+            g = next((gg for gg in by_root.values() if u.module.path in gg.uses), None)
+            if g is None:
+                g = orphans.get(u.module.path)
+            if g is None:
+                g = orphans[u.module.path] = Group(f"apex.amp:{u.module.path}:orphan", "apex.amp")
+                g.refusal = f"apex is imported with importlib at line {u.line} and nothing here initializes it"
+                g.seeds, g.needs = [], []
+            g.needs.append((u, None))
             g.add_use(u.module.path, u.node)
         # availability checks go with the group of their module (the first one there)
         for u in checks:
@@ -836,6 +852,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.must_default: Set[int] = set()
         self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there
         self.step_methods: Set[object] = set()  # keys of methods that step after another's scaled backward
+        #: (module, optimizer, call statement, scaler) where a helper that reads unscaled gradients is called
+        self.caller_unscales: List[Tuple[object, str, ast.stmt, str]] = []
         self.unscaled: List[tuple] = []  # (module, optimizer, statement) where scaler.unscale_ is already called
         #: helper calls that are the scaled backward in their caller: what reads gradients there is checked last
         self.reads_after_calls: List[tuple] = []
@@ -935,6 +953,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 st = availability_check(u.node)
                 if id(st) not in self.fc(u.module).touched:
                     self.fc(u.module).remove(st)
+        self._unscale_before_calls()
         self._check_reads_after_calls()
         self._carriers()
         if not self.pure:
@@ -1110,3 +1129,10 @@ def _nearest(switch: List[SwitchSeed], path: str) -> List[SwitchSeed]:
     """The switch seeds whose modules share the most leading folders with ``path``."""
     best = _nearness(path, switch)
     return [sw for sw in switch if _shared_folders(sw.module.path, path) == best]
+
+
+def _module_import_call(u: Use) -> bool:
+    """``amp = importlib.import_module("apex.amp")`` at module level: the use is the import."""
+    p = getattr(u.node, "_p", None)
+    return isinstance(u.node, ast.Call) and u.func is None and isinstance(p, ast.Assign) and p.value is u.node \
+        and len(p.targets) == 1 and isinstance(p.targets[0], ast.Name)

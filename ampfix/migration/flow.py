@@ -326,7 +326,12 @@ def _rescales_only(stmt: ast.stmt, names: Set[str]) -> bool:
     if not targets <= names or (isinstance(stmt, ast.Assign) and not targets <= read(value)):
         return False
     return all(not isinstance(n, ast.Call) or (isinstance(n.func, ast.Attribute) and dotted(n.func.value) in targets)
+               or (isinstance(n.func, ast.Name) and n.func.id in _NUMBER_BUILTINS and not targets & read(n))
                for n in [value, *walk(value)])
+
+
+#: builtins a rescale may call on what is not the loss (``loss = loss / len(batches)``)
+_NUMBER_BUILTINS = {"len", "float", "int", "max", "min", "abs"}
 
 
 def _reads_any(node, names: Set[str]) -> bool:
@@ -397,6 +402,18 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             while last > start and scalar_assignment(block[last]) and not _reads_any(
                     block[last].value, assigned_in(block[start:last])):
                 last -= 1
+            # `loss, logits = model(x, y)`, bookkeeping on the logits (argmax, `.cpu().numpy()`
+            # into lists), then `if accumulating: loss = loss / n`: the region ends with the
+            # forward pass rather than wrap what the loss does not come from; a rescale of the loss
+            # is the same outside autocast
+            tail = last
+            while tail in contrib and _rescales_only(block[tail], feeds[tail]):
+                prev = max((j for j in contrib if j < tail), default=None)
+                if prev is None or prev < start:
+                    break
+                tail = prev
+            if tail < last and any(j not in contrib for j in range(tail + 1, last + 1)):
+                last = tail
             return Region(block, start, last), needed - resolved
         if isinstance(owner, (ast.If, ast.With, ast.AsyncWith, ast.Try)) and owner is not unit:
             cur = owner

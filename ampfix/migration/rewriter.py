@@ -8,7 +8,7 @@ import sys
 import tokenize
 from typing import Dict, List, Optional, Tuple
 
-from ampfix.model.analysis import arg, is_const
+from ampfix.model.analysis import AUTOCAST, arg, is_const
 from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.flow import ancestors_stmts, guards
 from ampfix.model.semantic import block_of, dotted, param_defaults, walk
@@ -49,6 +49,8 @@ class Rewriter:
                     merged.append((i, j, h, ev))
             fc = self.fc(module)
             for i, j, h, _ in merged:
+                if self._joins_autocast(module, block, i, j, h):
+                    continue
                 inner = self._no_grad_with(block[i]) if i == j else None
                 if inner is not None and id(inner) not in fc.touched:
                     # `for batch in loader: with torch.no_grad(): ...`: autocast joins the `with`
@@ -57,6 +59,47 @@ class Rewriter:
                     fc.edits.append(insert_edit(module.src.offset(last.end_lineno, last.end_col_offset), f", {h}"))
                 else:
                     fc.wrap(block[i], block[j], f"with {h}")
+
+    def _joins_autocast(self, module, block, i: int, j: int, header: str) -> bool:
+        """The region's statements already run in a native ``torch.autocast`` of their own (a
+        program with both paths, ``with torch.cuda.amp.autocast(enabled=self.use_torch_amp):``): a
+        region around it would be switched off inside whenever that one is off, apex's path among
+        them.  Where the region is that ``with`` alone, apex's condition joins its ``enabled=`` (or
+        nothing is needed: it is always on); where it lies deeper, the planner refuses."""
+        fc = self.fc(module)
+        new = ast.parse(header, mode="eval").body
+        if not isinstance(new, ast.Call):
+            return False
+        found = []
+        for k in range(i, j + 1):
+            for w in [block[k], *walk(block[k])]:
+                if isinstance(w, (ast.With, ast.AsyncWith)) and id(w) not in fc.touched:
+                    found += [(w, it.context_expr) for it in w.items if isinstance(it.context_expr, ast.Call)
+                              and module.sem.qnames(it.context_expr.func) & AUTOCAST]
+        if not found:
+            return False
+        kw = {k.arg: k for k in new.keywords}
+        for w, call in found:
+            if _autocast_dtype(module, call) != _autocast_dtype(None, new):
+                raise Refuse(f"line {w.lineno} runs in a torch.autocast of another dtype or device already: "
+                             "migrate it by hand")
+        old_on = [(w, call, next((k for k in call.keywords if k.arg == "enabled"), None)) for w, call in found]
+        switched = [(w, call, e) for w, call, e in old_on if e is not None and not is_const(e.value, True)]
+        if not (i == j and len(found) == 1 and found[0][0] is block[i] and len(block[i].items) == 1):
+            if switched:
+                w = switched[0][0]
+                raise Refuse(f"line {w.lineno} runs in a torch.autocast that is off on some paths, apex's among "
+                             "them: join apex's condition to its `enabled=` by hand")
+            return False
+        w, call, e = old_on[0]
+        if e is None or is_const(e.value, True):
+            return True  # always on already
+        if "enabled" in kw:
+            code = module.src.code
+            fc.replace(e.value, f"{_paren(code(e.value))} or {_paren(ast.unparse(kw['enabled'].value))}")
+        else:
+            fc.edits.append(fc.b.remove_arg(call, e))
+        return True
 
     def _imports_that_went(self) -> None:
         """An import read only by code the migration removed or rewrote (``from optimization
@@ -360,3 +403,39 @@ def in_tree(node, tree) -> bool:
     while getattr(p, "_p", None) is not None:
         p = p._p
     return p is tree
+
+
+def _paren(text: str) -> str:
+    """``text`` as an operand of ``or``: parenthesised unless it is a name, attribute or call."""
+    try:
+        e = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return f"({text})"
+    return text if isinstance(e, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Compare, ast.UnaryOp)) \
+        else f"({text})"
+
+
+def _autocast_dtype(module, call: ast.Call) -> Optional[Tuple[str, str]]:
+    """(device, dtype) an autocast call runs: ``torch.cuda.amp.autocast()`` is ("cuda", "float16");
+    None where the source does not say it in constants."""
+    if module is not None:
+        q = module.sem.qnames(call.func)
+    else:
+        q = {dotted(call.func) or ""}
+    if any(x.startswith("torch.cuda.amp") for x in q):
+        device = "cuda"
+    elif any(x.startswith("torch.cpu.amp") for x in q):
+        device = "cpu"
+    else:
+        first = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device_type"), None)
+        device = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+    if device is None:
+        return None
+    d = next((k.value for k in call.keywords if k.arg == "dtype"), None)
+    if d is None and len(call.args) > 1:
+        d = call.args[1]
+    if d is None:
+        return device, ("float16" if device == "cuda" else "bfloat16")
+    name = (dotted(d) or "").split(".")[-1]
+    name = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16"}.get(name)
+    return (device, name) if name else None

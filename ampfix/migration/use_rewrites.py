@@ -19,7 +19,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import autocast_call
 from ampfix.rule import ImportSpec
-from ampfix.model.semantic import DEFS, block_of, dotted, walk
+from ampfix.model.semantic import DEFS, block_of, dotted, enclosing_function, walk
 from ampfix.migration.placement import Solver
 from ampfix.migration.rewriter import runs_as_often
 from ampfix.migration.seeds import (
@@ -1016,12 +1016,65 @@ class UseRewrites:
             self._collapse_clip(u, st)
             return
         if not (follows(st, backs, unit) or before_step):
+            if _reads_gradients(unit) and u.func is not None:
+                self._unscale_at_callers(u, c, o)
             return
         if any(m is u.module and oo == o and dominates(prev, st) for m, oo, prev in self.unscaled):
             return
         self.unscaled.append((u.module, o, st))
         fc.insert_before(st, [f"{c.expr}.unscale_({o})"])
         self._collapse_clip(u, st)
+
+    def _unscale_at_callers(self, u: Use, c: Carrier, o: str) -> None:
+        """``amp.master_params`` read in a helper that clips or reads the gradients
+        (``self._clip_gradients()``), called after the scaled backward and before the step of
+        another method: apex had unscaled them when its scale_loss block ended, so the scaler
+        unscales them before each such call (once per step: the first call of the method).  A
+        caller that is not such a method, or calls it more often than it steps, is refused."""
+        f = u.func
+        sites = self.p.callers(f)
+        why = (f"amp.master_params at line {u.line} is read in `{f.node.name}`, which reads the gradients "
+               "where apex had unscaled them")
+        if not sites or self.p.references(f) or not c.expr.startswith("self.") or f.cls is None:
+            raise Refuse(f"{why}, and its callers cannot all be followed: unscale them by hand")
+        for cs in sites:
+            caller = cs.caller
+            if caller is None or caller.cls is not f.cls:
+                raise Refuse(f"{why}, and it is called from outside its class at line {cs.node.lineno}: "
+                             "unscale them by hand")
+            key = Solver.key(cs.module, caller)
+            st = stmt_of(cs.node)
+            backs = self.backward_sites.get(key, [])
+            steps = [x for x in self.steps_of.get(key, []) if not exclusive(stmt_of(x), st, caller.node)]
+            if not (backs and steps and follows(st, backs, caller.node)
+                    and all(runs_as_often(st, stmt_of(x), caller.node) for x in steps)
+                    and all(follows(stmt_of(x), [st], caller.node) for x in steps)):
+                raise Refuse(f"{why}, and its call at line {cs.node.lineno} is not between the scaled backward "
+                             "and one step: unscale them by hand")
+            self.caller_unscales.append((cs.module, o, st, c.expr))
+
+    def _unscale_before_calls(self) -> None:
+        """The unscales :meth:`_unscale_at_callers` asked for, once all are known: before the
+        first of the calls in each method (one unscale per step)."""
+        asked = self.caller_unscales
+        kept = [(m, o, st) for m, o, st, _ in asked
+                if not any(mm is m and oo == o and x is not st and dominates(x, st) for mm, oo, x, _ in asked)]
+        for k, (m, o, st) in enumerate(kept):
+            unit = enclosing_function(st)
+            for mm, oo, x in kept[k + 1:]:
+                if mm is m and oo == o and x is not st and enclosing_function(x) is unit and \
+                        not exclusive(x, st, unit):
+                    raise Refuse(f"helpers that read the gradients where apex had unscaled them are called at lines {st.lineno} and "
+                                 f"{x.lineno}, and neither runs first on every path: unscale them by hand")
+        for m, o, st, expr in asked:
+            if any(mm is m and oo == o and x is not st and dominates(x, st) for mm, oo, x, _ in asked):
+                continue
+            if any(mm is m and oo == o and dominates(prev, st) for mm, oo, prev in self.unscaled):
+                continue
+            if any(mm is m and oo == o and x is st for mm, oo, x in self.unscaled):
+                continue
+            self.unscaled.append((m, o, st))
+            self.fc(m).insert_before(st, [f"{expr}.unscale_({o})"])
 
     def _twin_params(self, u: Use, call) -> Optional[str]:
         """``if fp16: clip(amp.master_params(opt), n) else: clip(model.parameters(), n)``: the
@@ -1369,6 +1422,9 @@ class UseRewrites:
         """``apex.amp`` handed over as a value (``amp=apex.amp`` to a checkpoint helper that calls its
         state_dict/load_state_dict): the scaler has both."""
         p = getattr(u.node, "_p", None)
+        if isinstance(u.node, ast.Call) and u.func is None and isinstance(p, ast.Assign):
+            self._module_import_goes(u, p)
+            return
         if self.bf16:
             if self._alias_goes(u, p):
                 return
@@ -1456,6 +1512,19 @@ class UseRewrites:
             fc.touched.add(id(top))
         self.notes.add("`amp is not None` asked whether apex is installed: native AMP always is, so the test folds")
 
+    def _module_import_goes(self, u: Use, p: ast.Assign) -> None:
+        """``amp = importlib.import_module("apex.amp")`` at module level goes where every read of
+        ``amp`` in the module is one of this group's apex uses (rewritten with it)."""
+        name = p.targets[0].id
+        mine = [n for path, nodes in self.g.uses.items() if path == u.module.path for n in nodes]
+        inside = {id(x) for n in mine for x in [n, *ast.walk(n)]}
+        reads = [n for n in walk(u.module.tree, into_functions=True) if isinstance(n, ast.Name) and n.id == name
+                 and isinstance(n.ctx, ast.Load)]
+        if any(id(n) not in inside for n in reads):
+            raise Refuse(f"apex is imported with importlib at line {u.line} and `{name}` is read where nothing "
+                         "is rewritten: migrate it by hand")
+        self.fc(u.module).remove(p)
+
     def _alias_goes(self, u: Use, p) -> bool:
         """``self.amp = amp`` / ``args.amp = amp``: every read of the attribute is an apex use
         rewritten with this one (model.apex.self_aliases, object_aliases), so the alias goes
@@ -1524,3 +1593,14 @@ def _only_derives(region, func, module) -> Optional[str]:
                     n.func.attr in ("forward", "module", "__call__", "model"))):
                 return None
     return p
+
+
+def _reads_gradients(unit) -> bool:
+    """Whether a function clips gradients or reads a ``.grad``."""
+    for n in walk(unit):
+        if isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.ctx, ast.Load):
+            return True
+        if isinstance(n, ast.Call) and (dotted(n.func) or "").split(".")[-1] in ("clip_grad_norm_", "clip_grad_value_",
+                                                                                  "clip_grad_norm", "clip_grad_value"):
+            return True
+    return False

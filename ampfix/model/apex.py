@@ -118,7 +118,16 @@ def apex_uses(sem, tree) -> List[Tuple[ast.AST, str]]:
             q = _through_alias(n, aliases)
         if q is not None:
             out.append((n, q))
+    # `self.amp = importlib.import_module("apex.amp")`: the import, as a value
+    out.extend((n, q) for n in walk(tree, into_functions=True) if isinstance(n, ast.Call)
+               and (q := imported_apex(sem, n)) is not None)
     return out
+
+
+def imported_apex(sem, call) -> Optional[str]:
+    """The apex module ``importlib.import_module("apex.amp")`` imports, canonical; None else."""
+    q = sem.imported_by(call) if isinstance(call, ast.Call) else None
+    return canonical(q) if q is not None and (q == "apex" or q.startswith("apex.")) else None
 
 
 def self_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
@@ -148,6 +157,8 @@ def self_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
                         q = None
                         if len(flat) == 1 and isinstance(value, (ast.Name, ast.Attribute)):
                             q = apex_qname(sem, value)
+                        elif len(flat) == 1 and isinstance(value, ast.Call):
+                            q = imported_apex(sem, value)
                         elif len(flat) == 1 and isinstance(value, ast.Constant) and value.value is None:
                             q = "None"
                         given.setdefault(t.attr, []).append(q)

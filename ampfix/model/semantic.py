@@ -360,7 +360,20 @@ class Model:
         for b in scope.bindings.get(base.id, ()):
             if b.qname is not None:
                 out.add(b.qname + rest)
+            elif b.kind == "assign" and isinstance(b.value, ast.Call):
+                q = self.imported_by(b.value)
+                if q is not None:
+                    out.add(q + rest)
         return out
+
+    def imported_by(self, call: ast.Call) -> Optional[str]:
+        """The module ``importlib.import_module("apex.amp")`` imports (a string constant, no
+        package): the name it is assigned to refers to that module as an import would make it."""
+        if not (isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
+                and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+                and not call.args[0].value.startswith(".")):
+            return None
+        return call.args[0].value if self.qnames(call.func) == {"importlib.import_module"} else None
 
     def unbound_import(self, name: str) -> Optional[str]:
         """What a name that nothing binds where it is read was meant to be: apex's, where the

@@ -1,0 +1,146 @@
+"""Twenty-eighth round: what the public code of this round showed (the runnable golden is
+fixtures/projects/twin_backends; these are the edges).
+
+1. apex imported with importlib (``self.amp = importlib.import_module("apex.amp")``): check did
+   not see it at all, so neither did migrate.  The name (or the attribute) it is assigned to now
+   refers to apex's module as an import would make it.
+2. A forward that already runs under a native autocast of its own, off on the apex path
+   (``with torch.cuda.amp.autocast(enabled=self.use_torch_amp):``): a region around it was switched
+   off inside, so apex's path lost mixed precision.  apex's condition joins its ``enabled=``; an
+   autocast that is always on needs nothing; one deeper in the region is refused.
+3. ``amp.master_params`` read by helper methods (a gradient norm, a clip) called between the
+   scaled backward and the step of another method: apex had unscaled the gradients there, the
+   migrated code read them scaled.  The scaler unscales before the first call; a caller elsewhere
+   is refused.
+"""
+from ampfix.cli import main
+from click.testing import CliRunner
+from test_round17_shapes import run, write
+
+IMPORTED = '''\
+import importlib
+
+import torch
+
+amp = importlib.import_module("apex.amp")
+
+
+def train(model, optimizer, loader):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_check_sees_apex_imported_with_importlib(tmp_path):
+    write(tmp_path, {"train.py": IMPORTED})
+    out = CliRunner().invoke(main, ["check", "--select", "AMP1", str(tmp_path)])
+    assert "apex.amp.initialize" in out.output and "apex.amp.scale_loss" in out.output, out.output
+
+
+def test_an_importlib_module_of_another_name_is_not_apex(tmp_path):
+    write(tmp_path, {"train.py": IMPORTED.replace('"apex.amp"', '"my_amp"')})
+    out = CliRunner().invoke(main, ["check", "--select", "AMP1", str(tmp_path)])
+    assert "apex" not in out.output, out.output
+
+
+def test_a_module_level_importlib_apex_goes_with_the_code_that_read_it(tmp_path):
+    """The module-level name is an import: it goes when every read of it is rewritten."""
+    write(tmp_path, {"train.py": IMPORTED})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "import_module" not in text and "apex" not in text, out.output
+    assert "scaler.scale(loss).backward()" in text
+    compile(text, "train.py", "exec")
+
+
+def test_a_module_level_importlib_apex_read_elsewhere_stays_with_its_module(tmp_path):
+    """`amp` is also handed to a function this run cannot rewrite: the import stays, and so does
+    the code that needs it (a reason is given), rather than migrate around a live apex import."""
+    src = IMPORTED + "\n\ndef report():\n    return amp.__version__\n"
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "importlib.import_module(\"apex.amp\")" in text
+    assert "amp.initialize" in text, text
+    assert "left for a person" in out.output or "not rewritten" in out.output, out.output
+
+
+DEEPER = '''\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, loader, native):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        h = model.body(x)
+        with torch.autocast("cuda", enabled=native):
+            out = model.head(h)
+        loss = torch.nn.functional.mse_loss(out, y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_an_autocast_deeper_in_the_region_that_may_be_off_is_refused(tmp_path):
+    write(tmp_path, {"train.py": DEEPER})
+    out = run(tmp_path, "--write")
+    assert (tmp_path / "train.py").read_text() == DEEPER
+    assert "off on some paths" in out.output, out.output
+
+
+ALWAYS_ON = DEEPER.replace("enabled=native", "dtype=torch.float16").replace(
+    "        h = model.body(x)\n        with", "        with").replace(
+    "            out = model.head(h)\n        loss", "            out = model(x)\n            loss")
+
+
+def test_a_region_that_is_an_always_on_autocast_needs_nothing_more(tmp_path):
+    write(tmp_path, {"train.py": ALWAYS_ON})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text, out.output
+    assert text.count("autocast(") == 1, text
+    assert "scaler.scale(loss).backward()" in text
+
+
+HELPER_OUTSIDE = '''\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+    def backward(self, loss):
+        with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+            scaled_loss.backward()
+
+    def step(self):
+        self.optimizer.step()
+
+    def grad_norm(self):
+        grads = [p.grad.norm() for p in amp.master_params(self.optimizer) if p.grad is not None]
+        return torch.stack(grads).norm()
+
+
+def train(trainer, loader):
+    for x, y in loader:
+        trainer.backward(torch.nn.functional.mse_loss(trainer.model(x), y))
+        print(trainer.grad_norm())
+        trainer.step()
+'''
+
+
+def test_a_gradient_helper_called_from_outside_its_class_is_refused(tmp_path):
+    write(tmp_path, {"train.py": HELPER_OUTSIDE})
+    out = run(tmp_path, "--write")
+    assert (tmp_path / "train.py").read_text() == HELPER_OUTSIDE, out.output
+    assert "master_params" in out.output and "by hand" in out.output, out.output
