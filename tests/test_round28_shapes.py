@@ -144,3 +144,119 @@ def test_a_gradient_helper_called_from_outside_its_class_is_refused(tmp_path):
     out = run(tmp_path, "--write")
     assert (tmp_path / "train.py").read_text() == HELPER_OUTSIDE, out.output
     assert "master_params" in out.output and "by hand" in out.output, out.output
+
+
+ROUND_TRIP = '''\
+import torch
+from apex import amp
+
+encoder = torch.nn.Linear(4, 8).cuda()
+model = torch.nn.Linear(8, 2).cuda()
+optimizer = torch.optim.SGD([*encoder.parameters(), *model.parameters()], lr=0.1)
+fp16 = True
+if fp16:
+    models, optimizer = amp.initialize([encoder, model], optimizer, opt_level="O1")
+    assert len(models) == 2
+    encoder, model = models
+
+for x, y in [(torch.randn(2, 4).cuda(), torch.randn(2, 2).cuda())]:
+    loss = torch.nn.functional.mse_loss(model(encoder(x)), y)
+    optimizer.zero_grad()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_list_of_models_unpacked_back_into_its_names_goes_whole(tmp_path):
+    """HGN's `models, optimizer = amp.initialize([encoder, model], ...)`, a check of the list, and
+    `encoder, model = models`: once initialize goes, the list is made only to be unpacked into the
+    names it was made of; the three lines go (and the `if` they were all of)."""
+    write(tmp_path, {"train.py": ROUND_TRIP})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text, out.output
+    assert "models" not in text and "if fp16:" not in text, text
+    compile(text, "train.py", "exec")
+
+
+def test_a_list_of_models_read_later_stays(tmp_path):
+    src = ROUND_TRIP + "print(len(models))\n"
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "models = [encoder, model]" in text, out.output
+    assert "encoder, model = models" in text
+
+
+def test_a_name_bound_to_a_call_of_itself_does_not_recurse(tmp_path):
+    """`import_module = import_module("x")`, `model = model(x)`: reading what such a name refers
+    to must not follow the name into itself (a RecursionError took down a whole run)."""
+    src = ("from importlib import import_module\nimport_module = import_module('m')\n"
+           "model = model(1)\ny = model.x\nfrom apex import amp\namp.init()\n")
+    write(tmp_path, {"a.py": src})
+    out = CliRunner().invoke(main, ["check", str(tmp_path)])
+    assert out.exit_code in (0, 1), out.output
+    assert "apex" in out.output
+
+
+LOOP_HELPERS = '''\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, criterion):
+        self.model = model
+        self.criterion = criterion
+
+    def _parse_data(self, inputs):
+        imgs, targets = inputs
+        return imgs.cuda(), targets.cuda()
+
+    def _forward(self, x):
+        return self.model(x)
+
+    def train(self, loader, optimizer, fp16):
+        for batch in loader:
+            inputs, targets = self._parse_data(batch)
+            n = torch.cuda.device_count()
+            inputs = torch.cat((inputs, inputs), 0)
+            out = self._forward(inputs)
+
+            def halves(t):
+                return t.view(2, -1, t.size(-1))
+
+            first = halves(out)[0]
+            loss = self.criterion(first, targets)
+            optimizer.zero_grad()
+            if fp16:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+
+
+def main(model, loader, fp16):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    Trainer(model, torch.nn.functional.cross_entropy).train(loader, optimizer, fp16)
+'''
+
+
+def test_the_region_starts_at_the_forward_past_a_helper_defined_in_the_loop(tmp_path):
+    """MMT's trainers: the inputs parsed by a method that only moves them, arranged with
+    `torch.cat`; the forward through a method; a helper `def` in the loop between the forward and
+    the loss.  The def no longer cuts the region off from the forward (the forward ran in float32),
+    and the parsing before it stays outside."""
+    write(tmp_path, {"train.py": LOOP_HELPERS})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text, out.output
+    at = text.index("torch.autocast(")
+    assert text.index("self._parse_data(batch)") < text.index("torch.cat((inputs") < at, text
+    assert at < text.index("self._forward(inputs)") < text.index("def halves") < text.index("self.criterion("), text
+    assert "                out = self._forward(inputs)\n" in text, text
+    compile(text, "train.py", "exec")

@@ -233,8 +233,13 @@ def read(node) -> Set[str]:
     return out
 
 
-def is_prep(stmt, models: Set[str]) -> bool:
-    """A statement that only moves, casts or unpacks inputs (no model, no other calls)."""
+#: torch functions that arrange inputs (a batch joined or counted across devices)
+TORCH_PREP = {"torch.cat", "torch.stack", "torch.cuda.device_count"}
+
+
+def is_prep(stmt, models: Set[str], prep_calls: Set[str] = frozenset()) -> bool:
+    """A statement that only moves, casts or unpacks inputs (no model, no other calls);
+    ``prep_calls``: functions known to do only that (``self._parse_data``, a local ``reshape``)."""
     r = read(stmt)
     if models and r & models:
         return False
@@ -244,10 +249,17 @@ def is_prep(stmt, models: Set[str]) -> bool:
                 continue
             if isinstance(n.func, ast.Name) and n.func.id in PREP_BUILTINS:
                 continue
-            if dotted(n.func) in TORCH_FACTORIES:
+            if dotted(n.func) in TORCH_FACTORIES or dotted(n.func) in TORCH_PREP or dotted(n.func) in prep_calls:
                 continue
             return False
     return True
+
+
+def prep_function(f) -> bool:
+    """A function whose body only unpacks, moves or reshapes its inputs and returns them."""
+    body = [x for x in f.body if not (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))]
+    return bool(body) and all(isinstance(x, (ast.Assign, ast.AnnAssign, ast.Return)) and is_prep(x, set())
+                              for x in body)
 
 
 class Region:
@@ -343,7 +355,7 @@ def _reads_any(node, names: Set[str]) -> bool:
 
 
 def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (), models: Set[str] = frozenset(),
-                   is_barrier=None) -> Tuple[Optional[Region], Set[str]]:
+                   is_barrier=None, prep_calls: Set[str] = frozenset()) -> Tuple[Optional[Region], Set[str]]:
     """The statements before ``site`` that compute ``loss`` (an expression), by data flow back
     from it in the site's block, and in the blocks around it when the site sits in an ``if``
     (``if fp16: <scaled backward> else: loss.backward()``).  It stops at an earlier backward,
@@ -364,8 +376,12 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
         feeds: dict = {}  # contributing statement -> the names the loss needed from it
         for j in range(idx - 1, -1, -1):
             s = block[j]
-            if id(s) in barrier_ids or isinstance(s, (*DEFS, ast.Return)):
+            if id(s) in barrier_ids or isinstance(s, (ast.ClassDef, ast.Return)):
                 break
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name not in needed:
+                # a helper defined in the loop between the forward and the loss (MMT's `debatch`)
+                # only binds its name: the forward above it still makes the loss
+                continue
             if any(method_call(n, "backward", "step") for n in [s, *walk(s)]) or (is_barrier and is_barrier(s)):
                 if last is not None:
                     break  # the region must not hold a backward
@@ -392,7 +408,9 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 start = using[0] if using else first
             # nor input preparation, nor what the loss does not come from (a progress bar, a
             # `continue` for a short batch, zero_grad) at the start
-            while start < last and (is_prep(block[start], set(models)) or start not in contrib):
+            preps = set(prep_calls) | {x.name for x in block if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                       and prep_function(x)}
+            while start < last and (is_prep(block[start], set(models), preps) or start not in contrib):
                 start += 1
             resolved = set()
             for s in block[first:last + 1]:

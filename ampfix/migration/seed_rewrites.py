@@ -848,6 +848,10 @@ class SeedRewrites:
                 pairs = [(t, v) for t, v in pairs if not t.isidentifier() or t in read or t in declared]
                 pairs = self._without_write_backs(s, pairs)
                 pairs = [(t, v) for t, v in pairs if not self._already_holds(s, t, v)]
+            elif pairs:
+                # a script's module level: only what is written back where it came from goes (a
+                # name read nowhere else may still be imported from the script)
+                pairs = self._without_write_backs(s, pairs)
             if not pairs:
                 return []
             return [f"{', '.join(t for t, _ in pairs)} = {', '.join(v for _, v in pairs)}"]
@@ -892,17 +896,19 @@ class SeedRewrites:
         if i is None:
             return pairs
         code = s.module.src.code
-        unit = s.func.node
+        unit = s.func.node if s.func is not None else s.module.tree
         end = s.stmt.end_lineno
 
-        def dead_after(t: str, back) -> bool:
+        def dead_after(t: str, back, checks=()) -> bool:
             """Every later read of ``t`` comes after a new assignment that always runs first; no
             read before the seed runs again in a loop around it."""
             stores = [x for x in walk(unit) if isinstance(x, ast.stmt) and x is not back and x.lineno > end
                       and t in assigned(x)]
             around = loops_around(s.stmt, unit)
+            skipped = {id(y) for c in checks for y in walk(c)}
             for n in walk(unit, into_functions=True):
-                if not (isinstance(n, ast.Name) and n.id == t and isinstance(n.ctx, ast.Load)) or n is back.value:
+                if not (isinstance(n, ast.Name) and n.id == t and isinstance(n.ctx, ast.Load)) or n is back.value \
+                        or id(n) in skipped:
                     continue
                 if n.lineno <= end:
                     if any(any(n is y for y in walk(lp)) for lp in around):
@@ -912,21 +918,41 @@ class SeedRewrites:
                     return False
             return True
         # the statements right after it that write a pair's target back where its value came from
-        following = []
+        # (`models[i] = model`), or unpack it into the names it was made of (HGN: `models, opt =
+        # amp.initialize([encoder, model], opt)`, `assert len(models) == 2`, `encoder, model =
+        # models`), with the checks of the target between
+        def unpacks(x, t: str, v: str) -> bool:
+            try:
+                made = ast.parse(v, mode="eval").body
+            except SyntaxError:
+                return False
+            tgt = x.targets[0]
+            return isinstance(made, (ast.List, ast.Tuple)) and isinstance(tgt, (ast.Tuple, ast.List)) and \
+                [code(e) for e in tgt.elts] == [ast.unparse(e) for e in made.elts]
+
+        names = {t for t, _ in pairs}
+        following, checks = [], []
         for x in block[i + 1:]:
+            if isinstance(x, ast.Assert) and read(x) and read(x) <= names | {"len"}:
+                checks.append(x)
+                continue
             if not (isinstance(x, ast.Assign) and len(x.targets) == 1 and isinstance(x.value, ast.Name)
-                    and (x.value.id, code(x.targets[0])) in pairs):
+                    and ((x.value.id, code(x.targets[0])) in pairs
+                         or any(x.value.id == t and unpacks(x, t, v) for t, v in pairs))):
                 break
             following.append(x)
         kept, backs = [], []
         for t, v in pairs:
-            back = next((x for x in following if x.value.id == t and code(x.targets[0]) == v), None)
-            if back is not None and t.isidentifier() and dead_after(t, back):
+            back = next((x for x in following if x.value.id == t and (code(x.targets[0]) == v or unpacks(x, t, v))),
+                        None)
+            if back is not None and t.isidentifier() and dead_after(t, back, checks):
                 backs.append(back)
             else:
                 kept.append((t, v))
         if kept and backs:  # all or nothing: a half-kept unpacking reads worse than the original
             return pairs
+        if backs:
+            backs += [c for c in checks if read(c) - {"len"} <= {b.value.id for b in backs}]
         for b in backs:
             if id(b) not in self.write_backs_gone:
                 self.write_backs_gone.add(id(b))

@@ -15,7 +15,8 @@ from ampfix.model.apex import (
 )
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, read, stmt_of,
+    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, prep_function, read,
+    stmt_of,
 )
 from ampfix.migration.spell import autocast_call
 from ampfix.rule import ImportSpec
@@ -239,7 +240,8 @@ class UseRewrites:
         if self._under_autocast(site):
             return False
         barriers = [s.stmt for s in self.g.seeds if s.module is u.module]
-        region, missing = forward_region(site, loss, func.node, barriers, self._models(u.module, func))
+        region, missing = forward_region(site, loss, func.node, barriers, self._models(u.module, func),
+                                         prep_calls=_prep_methods(func))
         if region is not None:
             return self._only_rescales(region, loss, func) or _only_derives(region, func, u.module) is not None
         return len(missing & (set(func.positional) | set(func.kwonly))) == 1
@@ -268,7 +270,8 @@ class UseRewrites:
         barriers = [s.stmt for s in self.g.seeds if s.module is u.module]
         if self._under_autocast(site):
             return
-        region, missing = forward_region(site, loss, unit, barriers, self._models(u.module, func))
+        region, missing = forward_region(site, loss, unit, barriers, self._models(u.module, func),
+                                         prep_calls=_prep_methods(func))
         header = autocast_call(self.s, self._autocast_enabled(u.module, func, c))
         if region is not None and func is not None and self._only_rescales(region, loss, func):
             # `loss = loss / accumulation` on a parameter: the forward pass is in the callers
@@ -1604,3 +1607,13 @@ def _reads_gradients(unit) -> bool:
                                                                                   "clip_grad_norm", "clip_grad_value"):
             return True
     return False
+
+
+def _prep_methods(func) -> Set[str]:
+    """``self._parse_data`` where the method's class has a ``_parse_data`` that only unpacks and
+    moves its inputs (flow.prep_function): a call of it is input preparation, before the region."""
+    if func is None or func.cls is None or not func.node.args.args:
+        return set()
+    me = func.node.args.args[0].arg
+    return {f"{me}.{x.name}" for x in func.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and prep_function(x)}

@@ -371,9 +371,17 @@ class Model:
         package): the name it is assigned to refers to that module as an import would make it."""
         if not (isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
                 and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
-                and not call.args[0].value.startswith(".")):
+                and not call.args[0].value.startswith(".")
+                and (dotted(call.func) or "").split(".")[-1] == "import_module"):
             return None
-        return call.args[0].value if self.qnames(call.func) == {"importlib.import_module"} else None
+        busy = self.__dict__.setdefault("_importing", set())
+        if id(call) in busy:  # `import_module = import_module("x")`: a name read through itself
+            return None
+        busy.add(id(call))
+        try:
+            return call.args[0].value if self.qnames(call.func) == {"importlib.import_module"} else None
+        finally:
+            busy.discard(id(call))
 
     def unbound_import(self, name: str) -> Optional[str]:
         """What a name that nothing binds where it is read was meant to be: apex's, where the
