@@ -260,3 +260,16 @@ def test_the_region_starts_at_the_forward_past_a_helper_defined_in_the_loop(tmp_
     assert at < text.index("self._forward(inputs)") < text.index("def halves") < text.index("self.criterion("), text
     assert "                out = self._forward(inputs)\n" in text, text
     compile(text, "train.py", "exec")
+
+
+def test_bfloat16_refuses_where_the_native_path_autocasts_in_float16(tmp_path):
+    """apex's path cannot join a float16 autocast when the migration is to bfloat16: refused."""
+    import shutil
+    from pathlib import Path
+
+    before = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "twin_backends" / "before"
+    shutil.copytree(before, tmp_path / "p")
+    out = run(tmp_path / "p", "--write", "--dtype", "bfloat16")
+    assert "another dtype" in out.output, out.output
+    assert (tmp_path / "p" / "train.py").read_text() != ""
+    assert "apex.amp" in (tmp_path / "p" / "train.py").read_text()
