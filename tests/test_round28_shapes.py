@@ -273,3 +273,42 @@ def test_bfloat16_refuses_where_the_native_path_autocasts_in_float16(tmp_path):
     assert "another dtype" in out.output, out.output
     assert (tmp_path / "p" / "train.py").read_text() != ""
     assert "apex.amp" in (tmp_path / "p" / "train.py").read_text()
+
+
+OTHER_BRANCH = '''\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, loader, with_apex, mixed_precision):
+    scaler = torch.amp.GradScaler("cuda", enabled=mixed_precision and not with_apex)
+    if with_apex:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O2" if mixed_precision else "O0")
+    for x, y in loader:
+        optimizer.zero_grad()
+        if with_apex:
+            out = model(x)
+        else:
+            with torch.autocast("cuda", enabled=mixed_precision):
+                out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        if with_apex:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+'''
+
+
+def test_an_autocast_in_the_branch_apex_does_not_take_is_not_in_the_way(tmp_path):
+    """NVIDIA's retinanet: `if with_apex: <forward> else: with autocast(enabled=...): <forward>`
+    in the region: the inner autocast never runs on apex's path, so the region may hold it."""
+    write(tmp_path, {"train.py": OTHER_BRANCH})
+    out = run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "from apex" not in text and "amp.initialize" not in text, out.output
+    assert 'with torch.autocast("cuda", enabled=mixed_precision):' in text
+    compile(text, "train.py", "exec")

@@ -86,6 +86,9 @@ class Rewriter:
         old_on = [(w, call, next((k for k in call.keywords if k.arg == "enabled"), None)) for w, call in found]
         switched = [(w, call, e) for w, call, e in old_on if e is not None and not is_const(e.value, True)]
         if not (i == j and len(found) == 1 and found[0][0] is block[i] and len(block[i].items) == 1):
+            # one in the other branch of an apex test (`if with_apex: <forward> else: with
+            # autocast(enabled=...): <forward>`) does not run on apex's path
+            switched = [x for x in switched if not _off_the_apex_path(x[0], block[i:j + 1], module.src.code)]
             if switched:
                 w = switched[0][0]
                 raise Refuse(f"line {w.lineno} runs in a torch.autocast that is off on some paths, apex's among "
@@ -439,3 +442,21 @@ def _autocast_dtype(module, call: ast.Call) -> Optional[Tuple[str, str]]:
     name = (dotted(d) or "").split(".")[-1]
     name = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16"}.get(name)
     return (device, name) if name else None
+
+
+def _off_the_apex_path(node, region, code) -> bool:
+    """``node`` lies in the branch of an ``if`` (inside ``region``) that runs when apex is not
+    chosen: the ``else`` of ``if with_apex:``, the body of ``if not use_apex:``."""
+    inside = {id(x) for st in region for x in [st, *walk(st)]}
+    child, p = node, getattr(node, "_p", None)
+    while p is not None and id(p) in inside:
+        if isinstance(p, ast.If):
+            test = p.test
+            negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+            names = code(test.operand if negated else test).lower()
+            if "apex" in names and not isinstance(test.operand if negated else test, (ast.BoolOp, ast.Compare)):
+                in_else = any(child is x for x in p.orelse)
+                if in_else != negated:
+                    return True
+        child, p = p, getattr(p, "_p", None)
+    return False
