@@ -312,3 +312,65 @@ def test_an_autocast_in_the_branch_apex_does_not_take_is_not_in_the_way(tmp_path
     assert "from apex" not in text and "amp.initialize" not in text, out.output
     assert 'with torch.autocast("cuda", enabled=mixed_precision):' in text
     compile(text, "train.py", "exec")
+
+
+BRANCH_STEPS = '''\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optimizer, opt_level, clip, log_every):
+        self.model, self.optimizer = model, optimizer
+        self.opt_level, self.clip, self.log_every = opt_level, clip, log_every
+        if opt_level is not None:
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level=opt_level)
+
+    def rescale_gradients(self):
+        if self.opt_level is not None:
+            params = [p for p in amp.master_params(self.optimizer) if p.grad is not None]
+        else:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, self.clip)
+
+    def train_epoch(self, groups):
+        for step, group in enumerate(groups):
+            self.optimizer.zero_grad()
+            for x, y in group:
+                loss = torch.nn.functional.mse_loss(self.model(x), y) / len(group)
+                if self.opt_level is not None:
+                    with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                        scaled_loss.backward()
+                else:
+                    loss.backward()
+            norm = self.rescale_gradients()
+            if step % self.log_every == 0:
+                before = [p.detach().clone() for p in self.model.parameters()]
+                self.optimizer.step()
+                print(norm, sum((a - b.detach()).norm() for a, b in zip(before, self.model.parameters())))
+            else:
+                self.optimizer.step()
+'''
+
+
+def test_a_gradient_helper_before_a_step_in_each_branch_gets_the_unscale(tmp_path):
+    """allennlp's trainer: `rescale_gradients()` (apex's master params clipped) after the
+    accumulation loop, then the step in both branches of an `if`: the scaler unscales right before
+    the call, once a step (the migrated code had clipped the scaled gradients)."""
+    write(tmp_path, {"train.py": BRANCH_STEPS})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "amp.initialize" not in text, out.output
+    assert text.count(".unscale_(") == 1, text
+    assert "            self.scaler.unscale_(self.optimizer)\n            norm = self.rescale_gradients()" in text, text
+    compile(text, "train.py", "exec")
+
+
+def test_a_gradient_helper_called_on_every_micro_batch_is_refused(tmp_path):
+    src = BRANCH_STEPS.replace("                    loss.backward()\n            norm = self.rescale_gradients()",
+                               "                    loss.backward()\n                norm = self.rescale_gradients()")
+    assert src != BRANCH_STEPS
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write")
+    assert (tmp_path / "train.py").read_text() == src, out.output
+    assert "rescale_gradients" in out.output, out.output

@@ -1050,8 +1050,7 @@ class UseRewrites:
             backs = self.backward_sites.get(key, [])
             steps = [x for x in self.steps_of.get(key, []) if not exclusive(stmt_of(x), st, caller.node)]
             if not (backs and steps and follows(st, backs, caller.node)
-                    and all(runs_as_often(st, stmt_of(x), caller.node) for x in steps)
-                    and all(follows(stmt_of(x), [st], caller.node) for x in steps)):
+                    and _steps_after(st, [stmt_of(x) for x in steps], caller.node)):
                 raise Refuse(f"{why}, and its call at line {cs.node.lineno} is not between the scaled backward "
                              "and one step: unscale them by hand")
             self.caller_unscales.append((cs.module, o, st, c.expr))
@@ -1617,3 +1616,26 @@ def _prep_methods(func) -> Set[str]:
     me = func.node.args.args[0].arg
     return {f"{me}.{x.name}" for x in func.cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
             and prep_function(x)}
+
+
+def _steps_after(st, steps, unit) -> bool:
+    """A step follows ``st`` on every iteration it runs: ``st`` is in no loop a step is not in,
+    every step comes after it, and one step runs whenever it does (one that ``if`` never skips
+    where ``st`` runs, or one in each branch of an ``if/else``)."""
+    loops = {id(x) for x in loops_around(st, unit)}
+    if not steps or any(not loops <= {id(x) for x in loops_around(s, unit)} for s in steps):
+        return False
+    if not all(follows(s, [st], unit) for s in steps):
+        return False
+    if any(runs_as_often(st, s, unit) for s in steps):
+        return True
+    for s in steps:
+        g = getattr(s, "_p", None)
+        while g is not None and g is not unit:
+            if isinstance(g, ast.If) and g.orelse and runs_as_often(st, g, unit):
+                inside = {id(y) for x in g.body for y in [x, *walk(x)]}
+                other = {id(y) for x in g.orelse for y in [x, *walk(x)]}
+                if any(id(x) in inside for x in steps) and any(id(x) in other for x in steps):
+                    return True
+            g = getattr(g, "_p", None)
+    return False
