@@ -374,3 +374,37 @@ def test_a_gradient_helper_called_on_every_micro_batch_is_refused(tmp_path):
     out = run(tmp_path, "--write")
     assert (tmp_path / "train.py").read_text() == src, out.output
     assert "rescale_gradients" in out.output, out.output
+
+
+COLLECTED = '''\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, loader, clips):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        logits = []
+        for k in range(clips):
+            out = model(x[:, k])
+            logits.append(out)
+
+        logits = torch.stack(logits).mean(0)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_forward_in_a_loop_that_collects_its_outputs_is_in_the_region(tmp_path):
+    """ClipBERT's multi-clip step: the model runs in a loop whose outputs are appended to a list,
+    the loss comes from the list after it.  The region started after the loop (the forward ran in
+    float32); an append is a value put in the list the loss reads."""
+    write(tmp_path, {"train.py": COLLECTED})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text, out.output
+    assert text.index("torch.autocast(") < text.index("for k in range(clips):") < text.index("cross_entropy"), text
+    compile(text, "train.py", "exec")

@@ -174,6 +174,27 @@ def assigned(stmt) -> Set[str]:
     return out
 
 
+#: list and dict methods that put a value in the object they are called on
+_FILLING = {"append", "extend", "insert", "update", "add", "setdefault"}
+
+
+def filled(stmt) -> Set[str]:
+    """Names a statement puts values in without binding them: ``logits.append(out)``,
+    ``outputs[k] = out`` (a forward pass in a loop that collects its outputs, the loss made
+    from the collection after it)."""
+    out: Set[str] = set()
+    for n in [stmt, *walk(stmt)]:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _FILLING \
+                and isinstance(n.func.value, ast.Name):
+            out.add(n.func.value.id)
+        elif isinstance(n, (ast.Assign, ast.AugAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                for e in _flatten(t):
+                    if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name):
+                        out.add(e.value.id)
+    return out
+
+
 def assigned_in(stmts: Iterable[ast.stmt], skip: Optional[ast.stmt] = None) -> Set[str]:
     """What the statements bind (nested ones included), leaving out the statement ``skip``."""
     out: Set[str] = set()
@@ -386,7 +407,7 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 if last is not None:
                     break  # the region must not hold a backward
                 continue  # nothing found yet: the loss may come from before (a GAN's two losses)
-            got = assigned(s)
+            got = assigned(s) | filled(s)
             if got & needed:
                 feeds[j] = got & needed
                 needed |= read(s)
