@@ -255,7 +255,7 @@ def read(node) -> Set[str]:
 
 
 #: torch functions that arrange inputs (a batch joined or counted across devices)
-TORCH_PREP = {"torch.cat", "torch.stack", "torch.cuda.device_count"}
+TORCH_PREP = {"torch.cat", "torch.stack", "torch.cuda.device_count", "torch.is_tensor", "torch.Size"}
 
 
 def is_prep(stmt, models: Set[str], prep_calls: Set[str] = frozenset()) -> bool:
