@@ -401,7 +401,8 @@ def train(model, optimizer, loader, clips):
 def test_a_forward_in_a_loop_that_collects_its_outputs_is_in_the_region(tmp_path):
     """ClipBERT's multi-clip step: the model runs in a loop whose outputs are appended to a list,
     the loss comes from the list after it.  The region started after the loop (the forward ran in
-    float32); an append is a value put in the list the loss reads."""
+    float32); an append is a value put in the list the loss reads (a key set on a dict of
+    inputs is not: that would pull their preparation in)."""
     write(tmp_path, {"train.py": COLLECTED})
     out = run(tmp_path, "--write", "-q")
     text = (tmp_path / "train.py").read_text()

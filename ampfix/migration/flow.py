@@ -174,24 +174,20 @@ def assigned(stmt) -> Set[str]:
     return out
 
 
-#: list and dict methods that put a value in the object they are called on
-_FILLING = {"append", "extend", "insert", "update", "add", "setdefault"}
+#: list methods that put a value in the list they are called on
+_FILLING = {"append", "extend", "insert"}
 
 
 def filled(stmt) -> Set[str]:
-    """Names a statement puts values in without binding them: ``logits.append(out)``,
-    ``outputs[k] = out`` (a forward pass in a loop that collects its outputs, the loss made
-    from the collection after it)."""
+    """Lists a statement puts values in without binding them (``logits.append(out)``: a forward
+    pass in a loop that collects its outputs, the loss made from the list after it).  A key set
+    on a dict (``inputs["threshold"] = t``) is not one: that is how inputs are prepared, and
+    following it would pull their preparation into the region."""
     out: Set[str] = set()
     for n in [stmt, *walk(stmt)]:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _FILLING \
                 and isinstance(n.func.value, ast.Name):
             out.add(n.func.value.id)
-        elif isinstance(n, (ast.Assign, ast.AugAssign)):
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
-                for e in _flatten(t):
-                    if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name):
-                        out.add(e.value.id)
     return out
 
 
