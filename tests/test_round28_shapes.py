@@ -409,3 +409,35 @@ def test_a_forward_in_a_loop_that_collects_its_outputs_is_in_the_region(tmp_path
     assert "apex" not in text, out.output
     assert text.index("torch.autocast(") < text.index("for k in range(clips):") < text.index("cross_entropy"), text
     compile(text, "train.py", "exec")
+
+
+IN_THE_BATCH = '''\
+import torch
+from apex import amp
+
+
+def train(encoder, model, optimizer, loader, threshold):
+    [encoder, model], optimizer = amp.initialize([encoder, model], optimizer, opt_level="O1")
+    for batch in loader:
+        inputs = {"x": batch["x"]}
+        inputs["threshold"] = threshold
+        batch["encoding"] = encoder(**inputs)[0]
+        batch["mask"] = batch["mask"].float()
+        loss = model(batch)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_an_encoder_output_put_in_the_batch_is_in_the_region(tmp_path):
+    """HGN: `batch["encoding"] = encoder(**inputs)[0]`, then `model(batch)`: the encoder's forward
+    feeds the loss through the batch and runs under autocast; keys set to inputs only being
+    prepared (`inputs["threshold"] = t`) stay out."""
+    write(tmp_path, {"train.py": IN_THE_BATCH})
+    out = run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text, out.output
+    assert text.index('inputs["threshold"] = threshold') < text.index("torch.autocast(") \
+        < text.index('batch["encoding"] = encoder'), text

@@ -179,15 +179,20 @@ _FILLING = {"append", "extend", "insert"}
 
 
 def filled(stmt) -> Set[str]:
-    """Lists a statement puts values in without binding them (``logits.append(out)``: a forward
-    pass in a loop that collects its outputs, the loss made from the list after it).  A key set
-    on a dict (``inputs["threshold"] = t``) is not one: that is how inputs are prepared, and
-    following it would pull their preparation into the region."""
+    """Containers a statement puts computed values in without binding them: ``logits.append(out)``
+    (a forward pass in a loop that collects its outputs, the loss made from the list after it),
+    ``batch["encoding"] = encoder(**inputs)[0]`` (HGN: an encoder's output handed to the model in
+    the batch).  A key set to what only prepares inputs (``inputs["threshold"] = t``,
+    ``batch["mask"] = batch["mask"].float()``) is not one: following it would pull the inputs'
+    preparation into the region."""
     out: Set[str] = set()
     for n in [stmt, *walk(stmt)]:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _FILLING \
                 and isinstance(n.func.value, ast.Name):
             out.add(n.func.value.id)
+        elif isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript) \
+                and isinstance(n.targets[0].value, ast.Name) and not is_prep(n, set()):
+            out.add(n.targets[0].value.id)
     return out
 
 
