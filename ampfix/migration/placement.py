@@ -366,10 +366,9 @@ def add_keyword_param(fc, f, name: str) -> None:
     for d in [d for d in [*a.defaults, *a.kw_defaults] if d is not None]:
         end = max(end, src.offset(d.end_lineno, d.end_col_offset))
     text = f", {name}" if (a.vararg or a.kwonlyargs) else f", *, {name}"
-    starts = sorted((x.lineno, x.col_offset) for x in items)
-    if last.lineno != node.lineno and len({ln for ln, _ in starts}) == len(starts) and \
-            src.line_text(last.lineno)[:last.col_offset].strip() == "":
+    lines = [x.lineno for x in items]
+    pad = src.line_text(last.lineno)[:last.col_offset]
+    if last.lineno != node.lineno and len(set(lines)) == len(lines) and not pad.strip():
         # one parameter a line: the new ones get lines of their own, at the same indentation
-        pad = src.line_text(last.lineno)[:last.col_offset]
         text = f",\n{pad}{name}" if (a.vararg or a.kwonlyargs) else f",\n{pad}*,\n{pad}{name}"
     fc.edits.append(insert_edit(end, text))

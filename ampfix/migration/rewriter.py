@@ -8,8 +8,9 @@ import sys
 import tokenize
 from typing import Dict, List, Optional, Tuple
 
-from ampfix.model.analysis import AUTOCAST, arg, is_const
+from ampfix.model.analysis import arg, arg_node, autocast_call, autocast_dtype, autocast_enabled_literal, is_const
 from ampfix.migration.groups import FileChanges, Group, Refuse
+from ampfix.migration.spell import bf16
 from ampfix.migration.flow import ancestors_stmts, guards
 from ampfix.model.semantic import block_of, dotted, param_defaults, walk
 from ampfix.rule import ImportSpec
@@ -67,41 +68,39 @@ class Rewriter:
         them.  Where the region is that ``with`` alone, apex's condition joins its ``enabled=`` (or
         nothing is needed: it is always on); where it lies deeper, the planner refuses."""
         fc = self.fc(module)
-        new = ast.parse(header, mode="eval").body
-        if not isinstance(new, ast.Call):
-            return False
-        found = []
-        for k in range(i, j + 1):
-            for w in [block[k], *walk(block[k])]:
-                if isinstance(w, (ast.With, ast.AsyncWith)) and id(w) not in fc.touched:
-                    found += [(w, it.context_expr) for it in w.items if isinstance(it.context_expr, ast.Call)
-                              and module.sem.qnames(it.context_expr.func) & AUTOCAST]
+        sem = module.sem
+        found = [(w, c) for k in range(i, j + 1) for w in [block[k], *walk(block[k])]
+                 if isinstance(w, (ast.With, ast.AsyncWith)) and id(w) not in fc.touched
+                 for c in (autocast_call(sem, it) for it in w.items) if c is not None]
         if not found:
             return False
-        kw = {k.arg: k for k in new.keywords}
+        want = ("cuda", "bfloat16" if bf16(self.s) else "float16")
         for w, call in found:
-            if _autocast_dtype(module, call) != _autocast_dtype(None, new):
+            if _autocast_kind(sem, call) != want:
                 raise Refuse(f"line {w.lineno} runs in a torch.autocast of another dtype or device already: "
                              "migrate it by hand")
-        old_on = [(w, call, next((k for k in call.keywords if k.arg == "enabled"), None)) for w, call in found]
-        switched = [(w, call, e) for w, call, e in old_on if e is not None and not is_const(e.value, True)]
+        switched = [w for w, call in found if autocast_enabled_literal(call) is not True]
         if not (i == j and len(found) == 1 and found[0][0] is block[i] and len(block[i].items) == 1):
             # one in the other branch of an apex test (`if with_apex: <forward> else: with
             # autocast(enabled=...): <forward>`) does not run on apex's path
-            switched = [x for x in switched if not _off_the_apex_path(x[0], block[i:j + 1], module.src.code)]
+            switched = [w for w in switched if not _off_the_apex_path(w, block[i:j + 1], module.src.code)]
             if switched:
-                w = switched[0][0]
-                raise Refuse(f"line {w.lineno} runs in a torch.autocast that is off on some paths, apex's among "
-                             "them: join apex's condition to its `enabled=` by hand")
+                raise Refuse(f"line {switched[0].lineno} runs in a torch.autocast that is off on some paths, "
+                             "apex's among them: join apex's condition to its `enabled=` by hand")
             return False
-        w, call, e = old_on[0]
-        if e is None or is_const(e.value, True):
+        call = found[0][1]
+        if not switched:
             return True  # always on already
-        if "enabled" in kw:
+        old = arg_node(call, "enabled")
+        new = arg(ast.parse(header, mode="eval").body, "enabled")
+        if not isinstance(old, ast.keyword):
+            raise Refuse(f"line {found[0][0].lineno} runs in a torch.autocast whose `enabled` is not a keyword: "
+                         "join apex's condition to it by hand")
+        if new is not None:
             code = module.src.code
-            fc.replace(e.value, f"{_paren(code(e.value))} or {_paren(ast.unparse(kw['enabled'].value))}")
+            fc.replace(old.value, f"{_paren(code(old.value))} or {_paren(ast.unparse(new))}")
         else:
-            fc.edits.append(fc.b.remove_arg(call, e))
+            fc.edits.append(fc.b.remove_arg(call, old))
         return True
 
     def _imports_that_went(self) -> None:
@@ -418,30 +417,21 @@ def _paren(text: str) -> str:
         else f"({text})"
 
 
-def _autocast_dtype(module, call: ast.Call) -> Optional[Tuple[str, str]]:
-    """(device, dtype) an autocast call runs: ``torch.cuda.amp.autocast()`` is ("cuda", "float16");
-    None where the source does not say it in constants."""
-    if module is not None:
-        q = module.sem.qnames(call.func)
-    else:
-        q = {dotted(call.func) or ""}
+def _autocast_kind(sem, call: ast.Call) -> Optional[Tuple[str, str]]:
+    """(device, dtype) an autocast call runs in: ``torch.cuda.amp.autocast()`` is ("cuda",
+    "float16"); None where the source does not say it in constants."""
+    q = sem.qnames(call.func)
     if any(x.startswith("torch.cuda.amp") for x in q):
         device = "cuda"
     elif any(x.startswith("torch.cpu.amp") for x in q):
         device = "cpu"
     else:
-        first = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device_type"), None)
+        first = arg(call, "device_type", 0)
         device = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
     if device is None:
         return None
-    d = next((k.value for k in call.keywords if k.arg == "dtype"), None)
-    if d is None and len(call.args) > 1:
-        d = call.args[1]
-    if d is None:
-        return device, ("float16" if device == "cuda" else "bfloat16")
-    name = (dotted(d) or "").split(".")[-1]
-    name = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16"}.get(name)
-    return (device, name) if name else None
+    dtype = autocast_dtype(sem, call) or ("float16" if device == "cuda" else "bfloat16")
+    return (device, dtype) if dtype != "other" else None
 
 
 def _off_the_apex_path(node, region, code) -> bool:
@@ -451,12 +441,10 @@ def _off_the_apex_path(node, region, code) -> bool:
     child, p = node, getattr(node, "_p", None)
     while p is not None and id(p) in inside:
         if isinstance(p, ast.If):
-            test = p.test
-            negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
-            names = code(test.operand if negated else test).lower()
-            if "apex" in names and not isinstance(test.operand if negated else test, (ast.BoolOp, ast.Compare)):
-                in_else = any(child is x for x in p.orelse)
-                if in_else != negated:
-                    return True
+            negated = isinstance(p.test, ast.UnaryOp) and isinstance(p.test.op, ast.Not)
+            test = p.test.operand if negated else p.test
+            if "apex" in code(test).lower() and not isinstance(test, (ast.BoolOp, ast.Compare)) and \
+                    any(child is x for x in p.orelse) != negated:
+                return True
         child, p = p, getattr(p, "_p", None)
     return False

@@ -1019,7 +1019,7 @@ class UseRewrites:
             self._collapse_clip(u, st)
             return
         if not (follows(st, backs, unit) or before_step):
-            if _reads_gradients(unit) and u.func is not None:
+            if u.func is not None and self._reads_gradients(unit):
                 self._unscale_at_callers(u, c, o)
             return
         if any(m is u.module and oo == o and dominates(prev, st) for m, oo, prev in self.unscaled):
@@ -1050,7 +1050,7 @@ class UseRewrites:
             backs = self.backward_sites.get(key, [])
             steps = [x for x in self.steps_of.get(key, []) if not exclusive(stmt_of(x), st, caller.node)]
             if not (backs and steps and follows(st, backs, caller.node)
-                    and _steps_after(st, [stmt_of(x) for x in steps], caller.node)):
+                    and _a_step_follows(st, [stmt_of(x) for x in steps], caller.node)):
                 raise Refuse(f"{why}, and its call at line {cs.node.lineno} is not between the scaled backward "
                              "and one step: unscale them by hand")
             self.caller_unscales.append((cs.module, o, st, c.expr))
@@ -1059,21 +1059,18 @@ class UseRewrites:
         """The unscales :meth:`_unscale_at_callers` asked for, once all are known: before the
         first of the calls in each method (one unscale per step)."""
         asked = self.caller_unscales
-        kept = [(m, o, st) for m, o, st, _ in asked
-                if not any(mm is m and oo == o and x is not st and dominates(x, st) for mm, oo, x, _ in asked)]
-        for k, (m, o, st) in enumerate(kept):
+        first = [(m, o, st, expr) for m, o, st, expr in asked
+                 if not any(mm is m and oo == o and x is not st and dominates(x, st) for mm, oo, x, _ in asked)]
+        for k, (m, o, st, _) in enumerate(first):
             unit = enclosing_function(st)
-            for mm, oo, x in kept[k + 1:]:
+            for mm, oo, x, _ in first[k + 1:]:
                 if mm is m and oo == o and x is not st and enclosing_function(x) is unit and \
                         not exclusive(x, st, unit):
-                    raise Refuse(f"helpers that read the gradients where apex had unscaled them are called at lines {st.lineno} and "
-                                 f"{x.lineno}, and neither runs first on every path: unscale them by hand")
-        for m, o, st, expr in asked:
-            if any(mm is m and oo == o and x is not st and dominates(x, st) for mm, oo, x, _ in asked):
-                continue
-            if any(mm is m and oo == o and dominates(prev, st) for mm, oo, prev in self.unscaled):
-                continue
-            if any(mm is m and oo == o and x is st for mm, oo, x in self.unscaled):
+                    raise Refuse(f"helpers that read the gradients where apex had unscaled them are called at "
+                                 f"lines {st.lineno} and {x.lineno}, and neither runs first on every path: "
+                                 "unscale them by hand")
+        for m, o, st, expr in first:
+            if any(mm is m and oo == o and (x is st or dominates(x, st)) for mm, oo, x in self.unscaled):
                 continue
             self.unscaled.append((m, o, st))
             self.fc(m).insert_before(st, [f"{expr}.unscale_({o})"])
@@ -1518,8 +1515,7 @@ class UseRewrites:
         """``amp = importlib.import_module("apex.amp")`` at module level goes where every read of
         ``amp`` in the module is one of this group's apex uses (rewritten with it)."""
         name = p.targets[0].id
-        mine = [n for path, nodes in self.g.uses.items() if path == u.module.path for n in nodes]
-        inside = {id(x) for n in mine for x in [n, *ast.walk(n)]}
+        inside = {id(x) for n in self.g.uses.get(u.module.path, []) for x in ast.walk(n)}
         reads = [n for n in walk(u.module.tree, into_functions=True) if isinstance(n, ast.Name) and n.id == name
                  and isinstance(n.ctx, ast.Load)]
         if any(id(n) not in inside for n in reads):
@@ -1597,17 +1593,6 @@ def _only_derives(region, func, module) -> Optional[str]:
     return p
 
 
-def _reads_gradients(unit) -> bool:
-    """Whether a function clips gradients or reads a ``.grad``."""
-    for n in walk(unit):
-        if isinstance(n, ast.Attribute) and n.attr == "grad" and isinstance(n.ctx, ast.Load):
-            return True
-        if isinstance(n, ast.Call) and (dotted(n.func) or "").split(".")[-1] in ("clip_grad_norm_", "clip_grad_value_",
-                                                                                  "clip_grad_norm", "clip_grad_value"):
-            return True
-    return False
-
-
 def _prep_methods(func) -> Set[str]:
     """``self._parse_data`` where the method's class has a ``_parse_data`` that only unpacks and
     moves its inputs (flow.prep_function): a call of it is input preparation, before the region."""
@@ -1618,7 +1603,7 @@ def _prep_methods(func) -> Set[str]:
             and prep_function(x)}
 
 
-def _steps_after(st, steps, unit) -> bool:
+def _a_step_follows(st, steps, unit) -> bool:
     """A step follows ``st`` on every iteration it runs: ``st`` is in no loop a step is not in,
     every step comes after it, and one step runs whenever it does (one that ``if`` never skips
     where ``st`` runs, or one in each branch of an ``if/else``)."""

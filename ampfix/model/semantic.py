@@ -100,6 +100,7 @@ class Model:
         self.star_names: Dict[str, str] = {}  # name -> module, from `from X import *` of a known module
         self.imports: List[ast.stmt] = []
         self._unbound: Optional[Dict[str, str]] = None
+        self._importing: Set[int] = set()  # import_module calls being resolved (see imported_by)
         self._walk()
 
     # -- building ------------------------------------------------------------------------------
@@ -374,14 +375,13 @@ class Model:
                 and not call.args[0].value.startswith(".")
                 and (dotted(call.func) or "").split(".")[-1] == "import_module"):
             return None
-        busy = self.__dict__.setdefault("_importing", set())
-        if id(call) in busy:  # `import_module = import_module("x")`: a name read through itself
+        if id(call) in self._importing:  # `import_module = import_module("x")`: read through itself
             return None
-        busy.add(id(call))
+        self._importing.add(id(call))
         try:
             return call.args[0].value if self.qnames(call.func) == {"importlib.import_module"} else None
         finally:
-            busy.discard(id(call))
+            self._importing.discard(id(call))
 
     def unbound_import(self, name: str) -> Optional[str]:
         """What a name that nothing binds where it is read was meant to be: apex's, where the
