@@ -81,6 +81,10 @@ ENTRIES = {
     # amp.master_params (the scaler unscales before the first call); predictions kept between the
     # forward and the accumulation division stay out of the region
     "twin_backends": [["train.py"], ["train.py", "--fp16"], ["train.py", "--fp16", "--apex_opt_lvl", "O1"]],
+    # training and an inline evaluation in one function (the evaluation's forward and loss run
+    # under autocast too); apex's DDP pre-divided by a project helper imported for it alone (the
+    # import goes with the argument)
+    "inline_eval": [["train.py"], ["train.py", "--opt_level", "O0"]],
 }
 
 

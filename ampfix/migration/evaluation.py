@@ -9,17 +9,24 @@ autocast with the scaler's own condition (issue 21 §3).
 
 A call qualifies when it hands the model to a project function that runs it (calls it, or one of
 its methods that computes) and does not train it (no backward, no optimizer step), in a statement
-of its own that no autocast (written or planned) covers yet."""
+of its own that no autocast (written or planned) covers yet.
+
+An evaluation written in the training function itself (``model.eval()``, then ``with
+torch.no_grad(): for x, y in test_loader: out = model(x); loss = criterion(out, y)``) ran in half
+precision too: each forward of the model there, in a loop that trains nothing and under
+``no_grad`` / ``inference_mode`` or after ``model.eval()``, runs under autocast with the loss
+computed from its output (not the bookkeeping after it).  With bfloat16, an evaluation that
+hands a tensor to numpy stays as it is: numpy has no bfloat16."""
 from __future__ import annotations
 
 import ast
 from typing import Set
 
-from ampfix.migration.flow import stmt_of
+from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, read, stmt_of
 from ampfix.migration.seeds import Seed, calls_model
-from ampfix.migration.spell import autocast_call, disj
+from ampfix.migration.spell import autocast_call, bf16, disj
 from ampfix.model.analysis import method_call
-from ampfix.model.semantic import block_of, dotted, walk
+from ampfix.model.semantic import DEFS, block_of, dotted, walk
 from ampfix.project.graph import CallSite
 
 
@@ -44,6 +51,8 @@ class EvaluationRewrites:
                     cond = disj(cond, self.enabled[t.idx])
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
+            self._wrap_inline_evaluations(module, unit, models | self._aliases(unit, models), cond,
+                                          s.stmt.end_lineno)
             # the functions the plan hands the scaler to as a parameter (where a scaled backward is)
             carried = {id(u.func.node): c for u, c in self.g.needs
                        if u.func is not None and c is not None and c.kind == "param"}
@@ -75,6 +84,8 @@ class EvaluationRewrites:
             if not self._only_evaluates(f, params):
                 trains.append((f, params))
                 continue
+            if bf16(self.s) and any(method_call(x, "numpy") for x in walk(f.node, into_functions=True)):
+                continue  # numpy has no bfloat16: the evaluation would fail on its outputs
             if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is not None and (
                     st.value is n or self._only_around(module, st, n))):
                 continue
@@ -86,6 +97,55 @@ class EvaluationRewrites:
             self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
                            "autocast")
         return trains
+
+    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, after: int) -> None:
+        """Each forward of one of ``models`` after line ``after`` in ``unit`` itself that only
+        evaluates (see the module's doc) runs under autocast(``cond``), with the statements right
+        after it that compute a loss from its output."""
+        switches = sorted((n.lineno, n.func.attr) for n in walk(unit) if isinstance(n, ast.Call)
+                          and method_call(n, "eval", "train") and dotted(n.func.value) in models)
+        for n in walk(unit):
+            if not calls_model(n, models) or n.lineno <= after:
+                continue
+            st = stmt_of(n)
+            if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.Expr)) or st.value is None or                     any(isinstance(a, DEFS) for a in ancestors_stmts(st, unit)):
+                continue
+            if self._under_autocast(st) or self._inside_planned_region(st):
+                continue
+            loops = loops_around(st, unit)
+            scope = loops[0] if loops else unit
+            if any(method_call(x, "backward", "step", "zero_grad") for x in walk(scope)):
+                continue  # a forward of the training loop, or one a step follows
+            if bf16(self.s) and any(method_call(x, "numpy") for x in walk(scope)):
+                continue
+            quiet = any(isinstance(a, ast.With) and any(
+                isinstance(it.context_expr, ast.Call) and
+                (dotted(it.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
+                for it in a.items) for a in ancestors_stmts(st, unit))
+            before = [m for line, m in switches if line < st.lineno]
+            if not (quiet or (before and before[-1] == "eval")):
+                continue
+            owner, field, block = block_of(st)
+            i = next(k for k, x in enumerate(block) if x is st)
+            j, made = i, assigned(st)
+            while j + 1 < len(block) and self._loss_of(block[j + 1], made):
+                j += 1
+                made |= assigned(block[j])
+            self._add_region(module, block, i, j, autocast_call(self.s, cond), evaluation=True)
+            self.notes.add("the evaluation after amp.initialize ran the model in half precision under apex: "
+                           "its forward runs under autocast")
+
+    @staticmethod
+    def _loss_of(st, made: Set[str]) -> bool:
+        """``st`` computes from ``made`` (the forward's output) by calling a function on it
+        (``loss = criterion(out, y)``), not a method of it, and hands nothing to the host."""
+        if not isinstance(st, ast.Assign) or not read(st.value) & made:
+            return False
+        calls = [x for x in [st.value, *walk(st.value)] if isinstance(x, ast.Call)]
+        if any(method_call(x, "item", "cpu", "numpy", "tolist") for x in calls):
+            return False
+        return any(isinstance(x.func, ast.Name) or (isinstance(x.func, ast.Attribute) and
+                   (dotted(x.func.value) or "").split(".")[0] not in made) for x in calls)
 
     @staticmethod
     def _given(cs, models: Set[str]) -> Set[str]:
