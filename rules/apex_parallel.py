@@ -2,8 +2,8 @@ import ast
 
 from typing import Optional
 
-from ampfix.migration.parallel import ddp_uses, decide, plan as ddp_plan
-from ampfix.model.analysis import has_star, kwargs, number_value
+from ampfix.migration.parallel import KEPT_KEYWORDS, ddp_uses, decide, plan as ddp_plan
+from ampfix.model.analysis import has_star, import_spec, kwargs, number_value
 from ampfix.model.apex import APEX_DDP as DDP, apex_ddp_call_changes, maybe_not_apex
 from ampfix.model.semantic import block_of
 from ampfix.rule import Fix, Invalid, Valid
@@ -286,6 +286,23 @@ class ApexParallel(ApexRule):
                 out.append(self.edits.remove_statement(prev))
         return out
 
+    def _dropped_imports(self, call) -> list:
+        """ImportSpecs of project names read only by the arguments the rewrite drops, that the
+        project's plan says no other module imports from this one (its fact
+        ``apex-ddp-dropped-imports``); they go where nothing reads them after the fix."""
+        plan = self.ctx.plan
+        may = set((plan.facts.get("apex-ddp-dropped-imports") or "").split(",")) if plan else set()
+        out = []
+        for kw in call.keywords:
+            if kw.arg is None or kw.arg in KEPT_KEYWORDS:
+                continue
+            for n in ast.walk(kw.value):
+                if isinstance(n, ast.Name) and n.id in may:
+                    spec = import_spec(self.sem, n)
+                    if spec is not None and spec.obj is not None:
+                        out.append(spec)
+        return out
+
     def _fix_call(self, node, call, qname):
         if call is None or has_star(call):
             return None
@@ -320,5 +337,6 @@ class ApexParallel(ApexRule):
         else:
             edits = [self.edits.replace(call, f"{func}({', '.join(args)})")]
             edits += self._dropped_locals(call, [v for k, v in kws.items() if k in DDP_KEEP])
+            remove = [*remove, *self._dropped_imports(call)]
         desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
         return Fix(desc, edits, add_imports=add, remove_imports=remove)

@@ -12,6 +12,12 @@ says, for the uses a wrapper reaches:
 
 The plan hands that to AMP103 as the fact ``"apex-ddp"`` of each file (it holds in every fix
 pass); a file checked on its own (no plan) is decided alone, with the same function.
+
+The call's arguments torch's DDP has no use for go (``gradient_predivide_factor=get_world_size()``);
+a project function imported only for them (``from utils.dist_util import get_world_size``) would be
+left unread.  The plan, which sees which modules import what from which, names the imported names
+that no other module takes from this one in the fact ``"apex-ddp-dropped-imports"``; AMP103 removes
+their imports where nothing reads them after the fix.  A file checked on its own keeps them.
 """
 from __future__ import annotations
 
@@ -64,7 +70,33 @@ def plan(project) -> Dict[str, FilePlan]:
         fact = decide(mine)
         for u in mine if fact is not None else ():
             out.setdefault(u.path, FilePlan(u.path, facts={"apex-ddp": fact}))
+    for path, m in owner.items():
+        names = sorted(n for n in dropped_names([u for u in uses if u.path == path], m.tree)
+                       if not project.imported_from(m, n))
+        if names:
+            out.setdefault(path, FilePlan(path)).facts["apex-ddp-dropped-imports"] = ",".join(names)
     return out
+
+
+#: the keywords of apex's DDP whose values the rewrite keeps (the model; the message size becomes
+#: a number of megabytes)
+KEPT_KEYWORDS = ("module", "message_size")
+
+
+def dropped_names(uses: List[DdpUse], tree) -> List[str]:
+    """Names bound by a module-level ``from X import name`` that the arguments the rewrite drops
+    from apex's DDP calls read (``gradient_predivide_factor=get_world_size()``)."""
+    imported = {(a.asname or a.name) for st in tree.body if isinstance(st, ast.ImportFrom)
+                for a in st.names if a.name != "*"}
+    out = set()
+    for u in uses:
+        call = getattr(u.node, "_p", None)
+        if not u.is_call or not isinstance(call, ast.Call):
+            continue
+        for kw in call.keywords:
+            if kw.arg is not None and kw.arg not in KEPT_KEYWORDS:
+                out |= {n.id for n in ast.walk(kw.value) if isinstance(n, ast.Name) and n.id in imported}
+    return sorted(out)
 
 
 def decide(uses: List[DdpUse]) -> Optional[str]:
