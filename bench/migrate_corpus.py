@@ -11,7 +11,8 @@ AMP211-214) appear that the original did not have, and host syncs the rewrite ad
 (``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
 A migrated module is *right* when its file compiles, adds no self-check problem, no host sync
 no call of a GradScaler method on a name that is also bound to None with no test of it around
-the call (``scaler = None`` on the path without AMP: an AttributeError there), and no undefined
+the call (``scaler = None`` on the path without AMP: an AttributeError there), no tensor of a
+bfloat16 autocast region handed to numpy (``--dtype bfloat16``: numpy has no bfloat16), and no undefined
 name pyflakes did not find in the original (with ruff installed); otherwise it is *broken*.
 Unused locals, imports and redefinitions the rewrite added are counted as debris.  Files where the
 rewrite left a GradScaler that nothing reads (dead code) are counted too.  The summary is given for
@@ -90,6 +91,47 @@ def unused_scalers(text: str) -> list:
 
 
 SCALER_METHODS = {"scale", "unscale_", "step", "update", "get_scale", "is_enabled", "state_dict", "load_state_dict"}
+
+
+def bf16_numpy(text: str) -> list:
+    """Lines where a tensor a bfloat16 ``torch.autocast`` region computed (not a loss: autocast
+    computes those in float32) reaches ``.numpy()`` through calls that keep its dtype
+    (``logits.detach().cpu().numpy()``): numpy has no bfloat16, so the call fails at run time."""
+    import ast
+
+    from ampfix.migration.flow import assigned, loss_call, read, same_dtype_root
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out = []
+    for fn in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        body = [n for st in fn.body for n in ast.walk(st)] if fn is not tree else [
+            n for st in tree.body if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for n in ast.walk(st)]
+        made, losses, end = set(), set(), None
+        for w in body:
+            if isinstance(w, ast.With) and any("autocast" in ast.unparse(i.context_expr) and "bfloat16" in
+                                               ast.unparse(i.context_expr) for i in w.items):
+                for st in ast.walk(w):
+                    if isinstance(st, (ast.Assign, ast.AugAssign)):
+                        got = assigned(st)
+                        if loss_call(st.value) or (got <= losses and read(st.value) & losses):
+                            losses |= got
+                        else:
+                            made |= got
+                end = max(end or 0, w.end_lineno)
+        made -= losses
+        if not made:
+            continue
+        for n in sorted((n for n in body if getattr(n, "lineno", 0) > end), key=lambda n: (n.lineno, n.col_offset)):
+            if isinstance(n, ast.Assign) and same_dtype_root(n.value) in made:
+                made |= assigned(n)
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "numpy" and \
+                    same_dtype_root(n.func.value) in made:
+                out.append(n.lineno)
+    return sorted(set(out))
 
 
 def none_scaler_calls(text: str) -> list:
@@ -465,6 +507,7 @@ def side(mods, fls):
         "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
         "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
         "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
+        "files handing a bfloat16 output to numpy": sum(bool(f.get("bf16_to_numpy")) for f in fls),
         "files with an undefined name added": sum(bool(f.get("undefined_names")) for f in fls),
         "files with debris added (unused local, import, redefinition)": sum(bool(f.get("debris")) for f in fls),
         "files with a required parameter added that a caller does not pass":
@@ -601,6 +644,8 @@ def main(argv=None) -> int:
             dead = dead if len(dead) > len(unused_scalers(text_before)) else []
             maybe_none = none_scaler_calls(text_after) if changed and compiles else []
             maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
+            to_numpy = bf16_numpy(text_after) if changed and compiles and args.dtype == "bfloat16" else []
+            to_numpy = to_numpy if len(to_numpy) > len(bf16_numpy(text_before)) else []
             added = (flakes(text_after) - flakes(text_before)) if changed and compiles else Counter()
             # a name already undefined in the original (one more read of it) is not the rewrite's
             undefined = sorted({m for (c, m) in added if c in BROKEN_FLAKES} - set(m for (c, m) in flakes(text_before)))
@@ -613,9 +658,9 @@ def main(argv=None) -> int:
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
                           "required_not_passed": not_passed, "required_callers_not_found": not_found,
-                          "required_maybe_not_passed": named_not_passed})
+                          "required_maybe_not_passed": named_not_passed, "bf16_to_numpy": to_numpy})
             ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
-                  and not not_passed)
+                  and not not_passed and not to_numpy)
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:

@@ -459,3 +459,42 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
             cur = owner
             continue
         return None, needed
+
+
+#: tensor methods whose result has the dtype of the tensor they are called on
+SAME_DTYPE = frozenset({"detach", "cpu", "cuda", "view", "reshape", "squeeze", "unsqueeze", "contiguous", "clone",
+                        "permute", "transpose", "flatten", "t", "expand", "narrow", "select", "view_as",
+                        "reshape_as", "index_select", "masked_select", "gather", "flip", "roll", "repeat"})
+
+
+def same_dtype_root(expr) -> Optional[str]:
+    """The name at the root of ``expr`` when every step from it keeps its dtype (subscripts,
+    ``.data``, the methods of :data:`SAME_DTYPE`, ``.to(device)``); None otherwise."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Subscript) or (isinstance(expr, ast.Attribute) and expr.attr == "data"):
+            expr = expr.value
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and (
+                expr.func.attr in SAME_DTYPE or (expr.func.attr == "to" and not any(
+                    k.arg == "dtype" for k in expr.keywords) and not any(
+                    "float" in (dotted(a) or "") or "double" in (dotted(a) or "") or "half" in (dotted(a) or "")
+                    or "bfloat" in (dotted(a) or "") for a in expr.args))):
+            expr = expr.func.value
+        else:
+            return None
+
+
+#: autocast runs these in float32 (torch.amp's list of ops that autocast to float32)
+FLOAT32_OPS = frozenset({"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div",
+                         "binary_cross_entropy_with_logits", "log_softmax", "softmax", "sum", "norm", "cdist",
+                         "cosine_similarity", "layer_norm", "group_norm", "exp", "log", "pow", "prod", "cumsum"})
+
+
+def loss_call(value) -> bool:
+    """``criterion(out, y)``, ``F.cross_entropy(...)``, ``self.loss_fn(...)``: a loss, which autocast
+    computes in float32."""
+    if not isinstance(value, ast.Call):
+        return False
+    last = (dotted(value.func) or "").split(".")[-1].lower()
+    return "loss" in last or "crit" in last or last in FLOAT32_OPS

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 from ampfix.model.analysis import arg, arg_node, autocast_call, autocast_dtype, autocast_enabled_literal, is_const
 from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.spell import bf16
-from ampfix.migration.flow import ancestors_stmts, guards
+from ampfix.migration.flow import ancestors_stmts, assigned, guards, loss_call, read, same_dtype_root
 from ampfix.model.semantic import block_of, dotted, param_defaults, walk
 from ampfix.rule import ImportSpec
 
@@ -50,6 +50,8 @@ class Rewriter:
                     merged.append((i, j, h, ev))
             fc = self.fc(module)
             for i, j, h, _ in merged:
+                if bf16(self.s):
+                    self._numpy_of_bfloat16(module, block, i, j)
                 if self._joins_autocast(module, block, i, j, h):
                     continue
                 inner = self._no_grad_with(block[i]) if i == j else None
@@ -60,6 +62,34 @@ class Rewriter:
                     fc.edits.append(insert_edit(module.src.offset(last.end_lineno, last.end_col_offset), f", {h}"))
                 else:
                     fc.wrap(block[i], block[j], f"with {h}")
+
+    @staticmethod
+    def _numpy_of_bfloat16(module, block, i: int, j: int) -> None:
+        """With bfloat16, the region's outputs (``logits``) are bfloat16 tensors, and numpy has no
+        bfloat16: ``logits.detach().cpu().numpy()`` after the region would fail.  Refused, with the
+        line, where such a call takes something the region computed through calls that keep its
+        dtype (an ``argmax`` or a ``.float()`` on the way makes it another dtype: it passes)."""
+        made, losses = set(), set()
+        for st in [x for s in block[i:j + 1] for x in [s, *walk(s)] if isinstance(x, (ast.Assign, ast.AugAssign))]:
+            got = assigned(st)
+            if loss_call(st.value) or (got <= losses and read(st.value) & losses):
+                losses |= got  # autocast computes losses in float32 (and `loss = loss / n` keeps it)
+            else:
+                made |= got
+        made -= losses
+        if not made:
+            return
+        unit = next((a for a in ancestors_stmts(block[i]) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                    module.tree)
+        end = block[j].end_lineno
+        for n in walk(unit):  # in line order: what is computed from an output joins it first
+            if isinstance(n, ast.Assign) and n.lineno > end and same_dtype_root(n.value) in made:
+                made |= assigned(n)
+            elif isinstance(n, ast.Call) and n.lineno > end and isinstance(n.func, ast.Attribute) and \
+                    n.func.attr == "numpy" and same_dtype_root(n.func.value) in made:
+                raise Refuse(f"with bfloat16, `{module.src.code(n)}` at line {n.lineno} hands the forward's "
+                             "output to numpy, which has no bfloat16: convert it first (`.float()`) by hand, or "
+                             "migrate with float16")
 
     def _joins_autocast(self, module, block, i: int, j: int, header: str) -> bool:
         """The region's statements already run in a native ``torch.autocast`` of their own (a
