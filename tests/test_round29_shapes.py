@@ -231,3 +231,20 @@ def test_bfloat16_passes_an_output_of_another_dtype_and_the_loss(tmp_path):
         run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
         text = (tmp_path / "train.py").read_text()
         assert "dtype=torch.bfloat16" in text and "apex" not in text, text
+
+
+def test_an_inline_evaluation_that_is_a_whole_no_grad_body_joins_its_with(tmp_path):
+    src = INLINE.replace('''        with torch.no_grad():
+            for x, y in test_loader:
+                out = model(x)
+                test_loss = criterion(out, y)
+                total += test_loss.item()
+                preds = out.argmax(1).cpu().numpy()''', '''        for x, y in test_loader:
+            with torch.no_grad():
+                out = model(x)
+            total += criterion(out, y).item()
+            preds = out.argmax(1).cpu().numpy()''')
+    text = _migrated(tmp_path, src)
+    assert '''            with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+                out = model(x)
+''' in text, text

@@ -131,6 +131,11 @@ class EvaluationRewrites:
             while j + 1 < len(block) and self._loss_of(block[j + 1], made):
                 j += 1
                 made |= assigned(block[j])
+            while i == 0 and j == len(block) - 1 and owner is not unit and self._no_grad_with(owner) is owner:
+                # the whole body of a `with torch.no_grad():`: autocast joins that `with`
+                st = owner
+                owner, field, block = block_of(st)
+                i = j = next(k for k, x in enumerate(block) if x is st)
             self._add_region(module, block, i, j, autocast_call(self.s, cond), evaluation=True)
             self.notes.add("the evaluation after amp.initialize ran the model in half precision under apex: "
                            "its forward runs under autocast")
