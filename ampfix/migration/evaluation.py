@@ -108,7 +108,8 @@ class EvaluationRewrites:
             if not calls_model(n, models) or n.lineno <= after:
                 continue
             st = stmt_of(n)
-            if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.Expr)) or st.value is None or                     any(isinstance(a, DEFS) for a in ancestors_stmts(st, unit)):
+            if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.Expr)) or st.value is None or \
+                    any(isinstance(a, DEFS) for a in ancestors_stmts(st, unit)):
                 continue
             if self._under_autocast(st) or self._inside_planned_region(st):
                 continue
@@ -118,10 +119,8 @@ class EvaluationRewrites:
                 continue  # a forward of the training loop, or one a step follows
             if bf16(self.s) and any(method_call(x, "numpy") for x in walk(scope)):
                 continue
-            quiet = any(isinstance(a, ast.With) and any(
-                isinstance(it.context_expr, ast.Call) and
-                (dotted(it.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
-                for it in a.items) for a in ancestors_stmts(st, unit))
+            quiet = any(isinstance(a, ast.With) and any(_quiet(it) for it in a.items)
+                        for a in ancestors_stmts(st, unit))
             before = [m for line, m in switches if line < st.lineno]
             if not (quiet or (before and before[-1] == "eval")):
                 continue
@@ -198,9 +197,7 @@ class EvaluationRewrites:
             return depth < 2 and self._only_hands_on(f, params, depth)
         quiet = any((dotted(d.func if isinstance(d, ast.Call) else d) or "").split(".")[-1] in
                     ("no_grad", "inference_mode") for d in f.node.decorator_list)
-        quiet = quiet or any(isinstance(x, ast.withitem) and isinstance(x.context_expr, ast.Call) and
-                             (dotted(x.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
-                             for x in body)
+        quiet = quiet or any(isinstance(x, ast.withitem) and _quiet(x) for x in body)
         quiet = quiet or any(method_call(x, "eval") and dotted(x.func.value) in params for x in body
                              if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute))
         return quiet
@@ -246,3 +243,9 @@ class EvaluationRewrites:
                     if x is st or any(y is st for y in walk(x, into_functions=False)):
                         return True
         return False
+
+
+def _quiet(item: ast.withitem) -> bool:
+    """``with torch.no_grad():`` / ``torch.inference_mode()``."""
+    return isinstance(item.context_expr, ast.Call) and \
+        (dotted(item.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
