@@ -148,6 +148,22 @@ def test_an_import_read_only_by_a_dropped_ddp_argument_goes(tmp_path):
     compile(text, "train.py", "exec")
 
 
+def test_an_import_alone_of_a_module_with_effects_stays(tmp_path):
+    """Dropping `from utils.dist import get_world_size` would skip importing utils.dist, whose top
+    level does something: the import stays (the argument still goes)."""
+    train = DDP_TRAIN.replace("from utils.dist import get_world_size, is_main\n",
+                              "from utils.dist import get_world_size\nfrom utils.dist import is_main\n")
+    write(tmp_path, {"train.py": train, "utils/__init__.py": "",
+                     "utils/dist.py": DIST + "\nprint('distributed helpers loaded')\n"})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "from utils.dist import get_world_size\n" in text and "gradient_predivide_factor" not in text, text
+    write(tmp_path, {"train.py": train, "utils/dist.py": DIST})
+    out = run(tmp_path, "--write", "-q")
+    assert "get_world_size" not in (tmp_path / "train.py").read_text()
+
+
 def test_an_import_another_module_takes_from_this_one_stays(tmp_path):
     write(tmp_path, {"train.py": DDP_TRAIN, "utils/__init__.py": "", "utils/dist.py": DIST,
                      "launch.py": "from train import get_world_size\n\nprint(get_world_size())\n"})

@@ -16,13 +16,14 @@ pass); a file checked on its own (no plan) is decided alone, with the same funct
 The call's arguments torch's DDP has no use for go (``gradient_predivide_factor=get_world_size()``);
 a project function imported only for them (``from utils.dist_util import get_world_size``) would be
 left unread.  The plan, which sees which modules import what from which, names the imported names
-that no other module takes from this one in the fact ``"apex-ddp-dropped-imports"``; AMP103 removes
+that no other module takes from this one, and whose statement keeps other names or imports a
+module that only defines (dropping it skips no effect), in the fact ``"apex-ddp-dropped-imports"``; AMP103 removes
 their imports where nothing reads them after the fix.  A file checked on its own keeps them.
 """
 from __future__ import annotations
 
 import ast
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ampfix.model.apex import (APEX_DDP, apex_ddp_call_changes, apex_ddp_only_calls, apex_uses, maybe_not_apex,
                               subclassed_at)
@@ -71,8 +72,8 @@ def plan(project) -> Dict[str, FilePlan]:
         for u in mine if fact is not None else ():
             out.setdefault(u.path, FilePlan(u.path, facts={"apex-ddp": fact}))
     for path, m in owner.items():
-        names = sorted(n for n in dropped_names([u for u in uses if u.path == path], m.tree)
-                       if not project.imported_from(m, n))
+        names = sorted(n for n, alone, full in dropped_names([u for u in uses if u.path == path], m.tree)
+                       if not project.imported_from(m, n) and not (alone and not project.import_is_quiet(full)))
         if names:
             out.setdefault(path, FilePlan(path)).facts["apex-ddp-dropped-imports"] = ",".join(names)
     return out
@@ -83,11 +84,12 @@ def plan(project) -> Dict[str, FilePlan]:
 KEPT_KEYWORDS = ("module", "message_size")
 
 
-def dropped_names(uses: List[DdpUse], tree) -> List[str]:
+def dropped_names(uses: List[DdpUse], tree) -> List[Tuple[str, bool, str]]:
     """Names bound by a module-level ``from X import name`` that the arguments the rewrite drops
-    from apex's DDP calls read (``gradient_predivide_factor=get_world_size()``)."""
-    imported = {(a.asname or a.name) for st in tree.body if isinstance(st, ast.ImportFrom)
-                for a in st.names if a.name != "*"}
+    from apex's DDP calls read (``gradient_predivide_factor=get_world_size()``), each with whether
+    it is the statement's only name (then dropping the statement skips importing ``X``) and ``X``."""
+    imported = {(a.asname or a.name): (len(st.names) == 1, "." * st.level + (st.module or ""))
+                for st in tree.body if isinstance(st, ast.ImportFrom) for a in st.names if a.name != "*"}
     out = set()
     for u in uses:
         call = getattr(u.node, "_p", None)
@@ -96,7 +98,7 @@ def dropped_names(uses: List[DdpUse], tree) -> List[str]:
         for kw in call.keywords:
             if kw.arg is not None and kw.arg not in KEPT_KEYWORDS:
                 out |= {n.id for n in ast.walk(kw.value) if isinstance(n, ast.Name) and n.id in imported}
-    return sorted(out)
+    return sorted((n, *imported[n]) for n in out)
 
 
 def decide(uses: List[DdpUse]) -> Optional[str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import io
-import sys
 import tokenize
 from typing import Dict, List, Optional, Tuple
 
@@ -158,7 +157,7 @@ class Rewriter:
                     full = ("." * stmt.level + (base or "")) if isinstance(stmt, ast.ImportFrom) else alias.name
                     if "apex" in full.split("."):
                         continue
-                    if len(stmt.names) == 1 and not self._no_side_effects(m, stmt, full):
+                    if len(stmt.names) == 1 and not self.p.import_is_quiet(full):
                         continue
                     if m.path.replace("\\", "/").endswith("__init__.py") or self.p.imported_from(m, bound):
                         continue  # another module may take the name from this one
@@ -166,19 +165,6 @@ class Rewriter:
                         fc.removes.append(ImportSpec(full, alias.name, alias.asname))
                     else:
                         fc.removes.append(ImportSpec(alias.name, None, alias.asname))
-
-    def _no_side_effects(self, m, stmt, full: str) -> bool:
-        top = full.lstrip(".").split(".")[0]
-        if not full.startswith(".") and top in sys.stdlib_module_names:
-            return True
-        target = None if full.startswith(".") else self.p.module_named(full)
-        if target is None:
-            return False
-        return all(isinstance(x, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                   or (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))
-                   or (isinstance(x, (ast.Assign, ast.AnnAssign)) and not any(
-                       isinstance(y, ast.Call) for y in ast.walk(x)))
-                   for x in target.tree.body)
 
     @staticmethod
     def _no_grad_with(stmt):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -331,6 +332,22 @@ class Project:
         unless there are several)."""
         many = self.all_by_name.get(name, ())
         return max(many, key=lambda c: self._shared(c.path, near.path)) if len(many) > 1 else None
+
+    def import_is_quiet(self, full: str) -> bool:
+        """Importing ``full`` (a dotted name, ``.``-relative ones unknown) only binds names: a
+        standard-library module, or a project module whose top level only defines and imports.
+        An import of it that nothing reads can go without skipping an effect."""
+        top = full.lstrip(".").split(".")[0]
+        if not full.startswith(".") and top in sys.stdlib_module_names:
+            return True
+        target = None if full.startswith(".") else self.module_named(full)
+        if target is None:
+            return False
+        return all(isinstance(x, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                   or (isinstance(x, ast.Expr) and isinstance(x.value, ast.Constant))
+                   or (isinstance(x, (ast.Assign, ast.AnnAssign)) and not any(
+                       isinstance(y, ast.Call) for y in ast.walk(x)))
+                   for x in target.tree.body)
 
     def module_named(self, name: str, near: Optional[Module] = None) -> Optional[Module]:
         """The module of the dotted ``name``; where several read so far have it (copies of one
