@@ -147,6 +147,9 @@ class Remover:
         self.sem = model
         self.b = builder or Builder(src)
         self.gone: Dict[int, ast.stmt] = {}  # id -> statement removed (with what it contains)
+        #: ids of ``if`` statements whose test something written before them evaluates now (the
+        #: GradScaler's ``enabled=``): emptied, they go whatever the test calls
+        self.tests_moved: Set[int] = set()
 
     def removed(self, node) -> bool:
         """Whether ``node`` lies in a statement already planned for removal."""
@@ -360,7 +363,8 @@ class Remover:
 
     def _owner_goes(self, owner, field: str) -> bool:
         if isinstance(owner, ast.If):
-            if not pure(owner.test) and not checks_for_apex(owner.test) and torch_version_test(owner.test) is None:
+            if not pure(owner.test) and not checks_for_apex(owner.test) and torch_version_test(owner.test) is None \
+                    and id(owner) not in self.tests_moved:
                 return False
             # `if t: <gone> else: <gone>` goes whole (each branch emptied by the same migration)
             other = owner.orelse if field == "body" else owner.body

@@ -1007,6 +1007,9 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 if func is None and self.p.mentioned_elsewhere(name):
                     continue
                 self.fc(m).remove(st)
+                # and the commented-out code of the unit that reads it (`# print(keep_batchnorm_fp32)`)
+                first, last = (unit.lineno, unit.end_lineno) if func is not None else (1, m.src.line_count)
+                self.fc(m).drop_commented_code(first, last, name)
                 self.notes.add(f"`{name}`, which only apex's arguments read, goes too")
 
     def _unbound_scale_loss(self) -> Optional[str]:

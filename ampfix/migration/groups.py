@@ -39,6 +39,9 @@ class FileChanges:
         self.helpers: Set[str] = set()  # the module helpers added (add_module_helper)
         #: where the first helper's lines went (the list, its trailing blank lines): the next go there
         self.helper_slot: Optional[Tuple[List[str], int]] = None
+        self._stale_lines: Set[int] = set()  # comment lines of commented-out code that read what went
+        #: ids of ``if`` statements whose test the scaler made right before them evaluates
+        self.tests_moved: Set[int] = set()
 
     def _claim(self, node) -> None:
         if id(node) in self.touched:
@@ -87,11 +90,16 @@ class FileChanges:
         if obsolete:
             self.obsolete.add(id(stmt))
 
-    def drop_comment_above(self, stmt) -> None:
+    def drop_comment_above(self, stmt, named: bool = False) -> None:
         """The comment lines right above a statement that stays go when they speak of apex (``# use
-        apex fp16 optimizer`` above the block whose initialize went)."""
+        apex fp16 optimizer`` above the block whose initialize went); ``named``: only when they
+        name apex itself (``# https://nvidia.github.io/apex/amp.html#checkpointing`` above a
+        checkpoint line that now saves the GradScaler: ``# save amp state`` still holds there)."""
         line = self.b.first_line(stmt)
         first = apex_comment_above(self.src, line)
+        if named and first is not None and not any(
+                "apex" in self.src.line_text(n).lower() for n in range(first, line)):
+            return
         if first is not None:
             self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[line - 1], ""))
 
@@ -121,6 +129,14 @@ class FileChanges:
         if first is not None and any(w in self.src.line_text(n).lower() for n in range(first, top) for w in words):
             # ... and the comment lines right above it, when they do
             self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[top - 1], ""))
+        # ... and the commented-out code right below it (`# norm_b = ...amp.master_params(opt)...`,
+        # `# print(norm_a, norm_b)`), when a line of it does: it could not be uncommented any more
+        below, no = [], stmt.end_lineno + 1
+        while no <= self.src.line_count and _commented_code(self.src.line_text(no)):
+            below.append(no)
+            no += 1
+        if below and any(w in self.src.line_text(n).lower() for n in below for w in words):
+            self._stale_lines.update(below)
         no = stmt.end_lineno
         line = self.src.line_text(no)
         comment = comment_of(line, False)
@@ -132,6 +148,21 @@ class FileChanges:
         j = len(line[:i].rstrip())
         start = self.src.starts[no - 1]
         self.edits.append(Edit(start + j, start + len(line), ""))
+
+    def drop_commented_code(self, first: int, last: int, name: str) -> None:
+        """Full comment lines between lines ``first`` and ``last`` that are commented-out code
+        reading ``name`` (``# print(keep_batchnorm_fp32)``), once the migration removed the only
+        binding of ``name``: the line could no longer be uncommented."""
+        word = re.compile(rf"\b{re.escape(name)}\b")
+        for no in range(first, last + 1):
+            text = self.src.line_text(no).strip()
+            if not text.startswith("#") or not word.search(text):
+                continue
+            if not _commented_code(text):
+                continue
+            tree = ast.parse(text.lstrip("#").strip())
+            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree)):
+                self._stale_lines.add(no)
 
     def wrap(self, first, last, header: str) -> None:
         self.edits.append(self._safe(lambda: self.b.wrap(first, last, header)))
@@ -160,6 +191,7 @@ class FileChanges:
                     owner, field, _ = block_of(st)
                     filled.add((id(owner), field))
                 remover = Remover(self.src, self.module.sem, self.b)
+                remover.tests_moved |= self.tests_moved
                 removals = remover.remove(self.removed, filled, self.described, self.obsolete,
                                           {at for at, _ in self._inserts})
             except Conflict as exc:
@@ -178,12 +210,32 @@ class FileChanges:
                     if not self.src.text[r.start:cut].strip():
                         r = Edit(cut, r.end, r.text)
                 edits.append(r)
+        # stale commented-out code goes, unless another edit covers its line already
+        for no in sorted(self._stale_lines):
+            a, b = self.src.starts[no - 1], self.src.line_end(no)
+            if not any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b) for e in edits):
+                edits.append(Edit(a, b, ""))
         # what the migration writes follows the module's own quotes (the module is tokenized only
         # when something written has a double quote)
         if any('"' in e.text + e.before + e.after for e in edits) and house_quote(self.src.text) == "'":
             edits = [replace(e, text=requote(e.text, "'"), before=requote(e.before, "'"),
                              after=requote(e.after, "'")) for e in edits]
         return edits
+
+
+def _commented_code(line: str) -> bool:
+    """A line that is only a comment holding a Python statement (``# print(norm)``); prose
+    (``# clip the gradients``) does not parse."""
+    text = line.strip()
+    if not text.startswith("#"):
+        return False
+    code = text.lstrip("#").strip()
+    if not code or not any(c in code for c in "()=[]."):
+        return False
+    try:
+        return bool(ast.parse(code).body)
+    except SyntaxError:
+        return False
 
 
 def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:

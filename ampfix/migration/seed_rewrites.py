@@ -576,6 +576,13 @@ class SeedRewrites:
                 self._dummy_optimizer_goes(s)
         else:
             fc.insert_before(at, [made])
+            # `if comm.get_world_size() > 1: <initialize>`: the scaler made right before the `if`
+            # evaluates its test now (`enabled=comm.get_world_size() > 1`); emptied, it goes
+            chain = [s.stmt, *ancestors_stmts(s.stmt, s.unit)]
+            top = next((i for i, a in enumerate(chain) if a is at), 0)
+            for a in chain[1:top + 1]:
+                if isinstance(a, ast.If) and m.src.code(a.test) in made:
+                    fc.tests_moved.add(id(a))
             self._seed_statement_goes(s, after)
         if target.startswith("self."):
             self._default_in_init(s)

@@ -1317,6 +1317,9 @@ class UseRewrites:
             return
         if getattr(c, "optional", None):
             self._only_with_a_scaler(u, c)
+        st = stmt_of(u.node)
+        if st is not None:
+            fc.drop_comment_above(st, named=True)  # a pointer to apex's checkpointing docs
         if u.kind == "state_dict":
             fc.replace(u.node, f"{c.expr}.state_dict")
             return
