@@ -116,3 +116,46 @@ def test_the_cleanup_is_idempotent(tmp_path):
     assert twice == once
     once = _migrated(tmp_path, "trainer.py", TRAINER)
     assert _migrated(tmp_path, "trainer.py", once) == once
+
+
+LABELS = '''\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, loader, fp16):
+    # apex: amp fp16 mixed-precision training
+    if fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = model(x, y)
+        optimizer.zero_grad()
+        # add apex for loss.backward()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+
+
+def train2(model, optimizer, loader):
+    #  Apex
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        loss = model(x, y)
+        optimizer.zero_grad()
+        # Mixed precision training https://github.com/NVIDIA/apex
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_apex_as_a_comment_label_goes_from_the_lines_above_what_the_migration_writes(tmp_path):
+    text = _migrated(tmp_path, "train.py", LABELS)
+    compile(text, "train.py", "exec")
+    # the label and the link go, what the comment says stays
+    assert "    # amp fp16 mixed-precision training\n    scaler = torch.amp.GradScaler(" in text, text
+    assert "Apex" not in text and "github.com/NVIDIA" not in text, text
+    assert "        # Mixed precision training\n        scaler.scale(loss).backward()" in text, text
+    # apex as part of what a comment says: the comment stays as written
+    assert "# add apex for loss.backward()" in text, text
+    assert _migrated(tmp_path, "train.py", text) == text

@@ -149,6 +149,36 @@ class FileChanges:
         start = self.src.starts[no - 1]
         self.edits.append(Edit(start + j, start + len(line), ""))
 
+    def _apex_labels(self, edits: List[Edit]) -> List[Edit]:
+        """The comment lines right above each line the migration writes on lose apex's name where
+        it was only their label or a link (:func:`relabeled`): ``#  Apex`` above the GradScaler
+        made where ``amp.initialize`` was goes; ``# apex: amp fp16 mixed-precision training``
+        says ``# amp fp16 mixed-precision training``.  A line another edit touches stays."""
+        src = self.src
+        written = {src.position(e.start)[0] for e in edits if e.region or (e.text + e.before + e.after).strip()}
+        out: List[Edit] = []
+        done: Set[int] = set()
+        for line in sorted(written):
+            no = line - 1
+            while no >= 1 and src.line_text(no).lstrip().startswith("#") and no not in done:
+                done.add(no)
+                new = relabeled(src.line_text(no))
+                if new == "" and no - 1 >= 1 and src.line_text(no - 1).lstrip().startswith("#") and \
+                        dangles(src.line_text(no - 1).strip().lstrip("#")):
+                    # `# save amp state according to` above the link that goes: what it points at is gone
+                    new_above = ""
+                else:
+                    new_above = None
+                for k, text in ((no, new), (no - 1, new_above)):
+                    a, b = src.starts[k - 1], src.line_end(k)
+                    if text is not None and not any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b)
+                                                    for e in [*edits, *out]):
+                        out.append(Edit(a, b, "") if text == "" else Edit(a, a + len(src.line_text(k)), text))
+                if new_above is not None:
+                    done.add(no - 1)
+                no -= 1
+        return out
+
     def drop_commented_code(self, first: int, last: int, name: str) -> None:
         """Full comment lines between lines ``first`` and ``last`` that are commented-out code
         reading ``name`` (``# print(keep_batchnorm_fp32)``), once the migration removed the only
@@ -215,12 +245,51 @@ class FileChanges:
             a, b = self.src.starts[no - 1], self.src.line_end(no)
             if not any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b) for e in edits):
                 edits.append(Edit(a, b, ""))
+        edits.extend(self._apex_labels(edits))
         # what the migration writes follows the module's own quotes (the module is tokenized only
         # when something written has a double quote)
         if any('"' in e.text + e.before + e.after for e in edits) and house_quote(self.src.text) == "'":
             edits = [replace(e, text=requote(e.text, "'"), before=requote(e.before, "'"),
                              after=requote(e.after, "'")) for e in edits]
         return edits
+
+
+#: a link to apex (its repository, its docs), with the space before it and brackets around it
+_APEX_LINK = re.compile(r"\s*[(<]?https?://\S*apex\S*?[)>.]?(?=\s|$)", re.IGNORECASE)
+#: apex named at the start of a comment as its label (``# apex: fp16 training``, ``#  Apex``)
+_APEX_LEAD = re.compile(r"^(?P<hash>\s*#+\s*)(?:nvidia(?:'s)?\s+)?apex\b\s*(?:[:\-]\s*)?", re.IGNORECASE)
+
+
+def relabeled(line: str) -> Optional[str]:
+    """A comment line above code the migration wrote, without apex's name where apex was only
+    its label or a link (``# apex: amp fp16 training`` -> ``# amp fp16 training``, ``# Mixed
+    precision training https://github.com/NVIDIA/apex`` -> ``# Mixed precision training``);
+    "" when nothing is left (``#  Apex``); None when the comment stays as it is (apex is part
+    of what it says: ``# add apex for loss.backward()``, or it does not name apex)."""
+    if not line.lstrip().startswith("#") or not re.search(r"apex", line, re.IGNORECASE):
+        return None
+    new = _APEX_LINK.sub("", line)
+    new = _APEX_LEAD.sub(lambda m: m.group("hash"), new)
+    body = new.strip().lstrip("#").strip()
+    if new == line or re.search(r"apex", body, re.IGNORECASE):
+        return None
+    if not re.search(r"\w", body) or dangles(body):
+        return ""
+    return new.rstrip()
+
+
+#: last words of a comment that point at something that must follow (a link that went)
+_DANGLING = {"see", "at", "from", "in", "to", "refer", "ref", "cf", "per", "via", "here", "by", "of", "on",
+             "according", "following", "link", "docs", "url"}
+
+
+def dangles(text: str) -> bool:
+    """A comment that ends pointing at what followed it (``see``, ``according to``, ``:``)."""
+    t = text.rstrip()
+    if t.endswith(":"):
+        return True
+    words = re.findall(r"[A-Za-z]+", t.lower())
+    return bool(words) and words[-1] in _DANGLING
 
 
 def _commented_code(line: str) -> bool:
