@@ -2,9 +2,10 @@ import ast
 
 from typing import Optional
 
-from ampfix.migration.parallel import KEPT_KEYWORDS, ddp_uses, decide, plan as ddp_plan
+from ampfix.migration.parallel import KEPT_KEYWORDS, apex_ddp_comment, ddp_uses, decide, plan as ddp_plan
 from ampfix.model.analysis import has_star, import_spec, kwargs, number_value
 from ampfix.model.apex import APEX_DDP as DDP, apex_ddp_call_changes, maybe_not_apex
+from ampfix.model.edits import Edit
 from ampfix.model.semantic import block_of
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
@@ -133,6 +134,28 @@ class ApexParallel(ApexRule):
             import torch
             def wrap(model, cfg):
                 return torch.nn.parallel.DistributedDataParallel(model)
+            """,
+        ),
+        Invalid(
+            # the comment that described apex's wrapper goes with it (apex's imagenet example and
+            # its copies); the one above it, about something else, stays
+            """
+            import torch
+            import apex
+            if distributed:
+                # wrap the model for distributed training
+                model.cuda()
+                # By default, apex.parallel.DistributedDataParallel overlaps communication with
+                # computation in the backward pass.
+                # delay_allreduce delays all communication to the end of the backward pass.
+                model = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)
+            """,
+            expected="""
+            import torch
+            if distributed:
+                # wrap the model for distributed training
+                model.cuda()
+                model = torch.nn.parallel.DistributedDataParallel(model)
             """,
         ),
         Invalid("from apex.parallel import DistributedDataParallel as DDP\nisinstance(m, DDP)\n",
@@ -303,6 +326,20 @@ class ApexParallel(ApexRule):
                         out.append(spec)
         return out
 
+    def _comment_on_apex_ddp(self, call) -> list:
+        """The comment block right above the statement that wraps the model, when it describes
+        apex's DDP (its overlap, ``delay_allreduce``): it goes with the wrapper."""
+        st = call
+        while st is not None and not isinstance(st, ast.stmt):
+            st = self.parent(st)
+        if st is None:
+            return []
+        span = apex_ddp_comment(self.src, st)
+        if span is None:
+            return []
+        first, last = span
+        return [Edit(self.src.starts[first - 1], self.src.line_end(last), "")]
+
     def _fix_call(self, node, call, qname):
         if call is None or has_star(call):
             return None
@@ -338,5 +375,6 @@ class ApexParallel(ApexRule):
             edits = [self.edits.replace(call, f"{func}({', '.join(args)})")]
             edits += self._dropped_locals(call, [v for k, v in kws.items() if k in DDP_KEEP])
             remove = [*remove, *self._dropped_imports(call)]
+            edits += self._comment_on_apex_ddp(call)
         desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
         return Fix(desc, edits, add_imports=add, remove_imports=remove)

@@ -159,3 +159,72 @@ def test_apex_as_a_comment_label_goes_from_the_lines_above_what_the_migration_wr
     # apex as part of what a comment says: the comment stays as written
     assert "# add apex for loss.backward()" in text, text
     assert _migrated(tmp_path, "train.py", text) == text
+
+
+DUAL = '''\
+import argparse
+from contextlib import suppress
+from functools import partial
+
+import torch
+
+try:
+    from apex import amp
+    has_apex = True
+except ImportError:
+    has_apex = False
+
+has_native_amp = hasattr(torch.cuda.amp, "autocast")
+
+
+def main(model, optimizer, loader, criterion):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--amp", action="store_true")
+    parser.add_argument("--apex-amp", action="store_true")
+    parser.add_argument("--native-amp", action="store_true")
+    args = parser.parse_args()
+    use_amp = None
+    if args.amp:
+        # for backwards compat, `--amp` tries apex before native amp
+        if has_apex:
+            args.apex_amp = True
+        elif has_native_amp:
+            args.native_amp = True
+    if args.apex_amp and has_apex:
+        use_amp = "apex"
+    elif args.native_amp and has_native_amp:
+        use_amp = "native"
+
+    amp_autocast = suppress
+    scaler = None
+    if use_amp == "apex":
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    elif use_amp == "native":
+        amp_autocast = partial(torch.autocast, "cuda")
+        scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        with amp_autocast():
+            loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        if use_amp == "apex":
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        elif scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+'''
+
+
+def test_a_comment_about_the_apex_branch_that_went_goes_with_it(tmp_path):
+    text = _migrated(tmp_path, "train.py", DUAL)
+    compile(text, "train.py", "exec")
+    assert "has_apex" not in text and "amp.initialize" not in text, text
+    # the `if has_apex:` try went, and the comment that said `--amp` tries apex first with it
+    assert "tries apex" not in text, text
+    assert "    if args.amp:\n        if has_native_amp:\n            args.native_amp = True" in text, text
+    assert _migrated(tmp_path, "train.py", text) == text

@@ -780,6 +780,11 @@ class DualModule:
                            if src.line_text(no).lstrip().startswith(("else", "elif"))) - 1
             fc.edits.append(_edit(src.starts[node.lineno - 1], src.line_end(end), ""))
             fc.touched.add(id(node))
+            # `# --amp chooses native amp before apex` above the chain spoke of the branch that went
+            head = node
+            while isinstance(getattr(head, "_p", None), ast.If) and head in head._p.orelse and self._is_elif(head):
+                head = head._p
+            fc.drop_comment_above(head, named=True)
             return
         if field == "orelse":
             # `if True-test: body else: dead` -> body
@@ -798,6 +803,8 @@ class DualModule:
             indent = b.indent(node)
             fc.edits.append(_edit(a, elif_at + len("elif"), indent + "if"))
             fc.touched.add(id(node))
+            # `# for backwards compat, --amp tries apex before native amp`: that try went
+            fc.drop_comment_above(node, named=True)
             return
         fc.unwrap(node, node.orelse)
         fc.touched.add(id(node))

@@ -94,14 +94,18 @@ class FileChanges:
         """The comment lines right above a statement that stays go when they speak of apex (``# use
         apex fp16 optimizer`` above the block whose initialize went); ``named``: only when they
         name apex itself (``# https://nvidia.github.io/apex/amp.html#checkpointing`` above a
-        checkpoint line that now saves the GradScaler: ``# save amp state`` still holds there)."""
+        checkpoint line that now saves the GradScaler: ``# save amp state`` still holds there;
+        ``# `--amp` chooses native amp before apex`` above an ``if`` whose apex branch went), and
+        then only where no other edit touches them."""
         line = self.b.first_line(stmt)
         first = apex_comment_above(self.src, line)
-        if named and first is not None and not any(
-                "apex" in self.src.line_text(n).lower() for n in range(first, line)):
+        if first is None:
             return
-        if first is not None:
-            self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[line - 1], ""))
+        if named:
+            if any("apex" in self.src.line_text(n).lower() for n in range(first, line)):
+                self._stale_lines.update(range(first, line))
+            return
+        self.edits.append(Edit(self.src.starts[first - 1], self.src.starts[line - 1], ""))
 
     def drop_ordering_notes(self, first: int, last: int) -> None:
         """``# multi-gpu training (should be after apex fp16 initialization)`` on the comment lines
@@ -156,13 +160,28 @@ class FileChanges:
         says ``# amp fp16 mixed-precision training``.  A line another edit touches stays."""
         src = self.src
         written = {src.position(e.start)[0] for e in edits if e.region or (e.text + e.before + e.after).strip()}
+        deletions = [(e.start, e.end) for e in edits if not e.region and not (e.text + e.before + e.after)]
+
+        def deleted(no: int) -> bool:  # the whole line goes (`delay_unscale = ...` above the scaled backward)
+            a, b = src.starts[no - 1], src.line_end(no)
+            return any(x <= a and b <= y for x, y in deletions)
+
         out: List[Edit] = []
         done: Set[int] = set()
         for line in sorted(written):
             no = line - 1
+            while no >= 1 and deleted(no) and not src.line_text(no).lstrip().startswith("#"):
+                no -= 1  # what goes between the comment and the written line
+            first = no
+            while first - 1 >= 1 and src.line_text(first - 1).lstrip().startswith("#"):
+                first -= 1
+            alone = first == no  # a comment of one line
             while no >= 1 and src.line_text(no).lstrip().startswith("#") and no not in done:
                 done.add(no)
                 new = relabeled(src.line_text(no))
+                if new is None and alone and _REMOVED_API.search(src.line_text(no)):
+                    # `# The apex docs recommend calling amp.initialize before load_state_dict.`
+                    new = ""
                 if new == "" and no - 1 >= 1 and src.line_text(no - 1).lstrip().startswith("#") and \
                         dangles(src.line_text(no - 1).strip().lstrip("#")):
                     # `# save amp state according to` above the link that goes: what it points at is gone
@@ -254,6 +273,9 @@ class FileChanges:
         return edits
 
 
+#: apex's API the migration removes, named in a comment (which then speaks of what is gone)
+_REMOVED_API = re.compile(r"\bamp\.(initialize|scale_loss|master_params)\b|\bFP16_Optimizer\b|"
+                          r"\bdelay_(unscale|allreduce)\b|\bapex\.parallel\b")
 #: a link to apex (its repository, its docs), with the space before it and brackets around it
 _APEX_LINK = re.compile(r"\s*[(<]?https?://\S*apex\S*?[)>.]?(?=\s|$)", re.IGNORECASE)
 #: apex named at the start of a comment as its label (``# apex: fp16 training``, ``#  Apex``)

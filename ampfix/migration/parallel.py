@@ -23,6 +23,7 @@ their imports where nothing reads them after the fix.  A file checked on its own
 from __future__ import annotations
 
 import ast
+import re
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ampfix.model.apex import (APEX_DDP, apex_ddp_call_changes, apex_ddp_only_calls, apex_uses, maybe_not_apex,
@@ -99,6 +100,24 @@ def dropped_names(uses: List[DdpUse], tree) -> List[Tuple[str, bool, str]]:
             if kw.arg is not None and kw.arg not in KEPT_KEYWORDS:
                 out |= {n.id for n in ast.walk(kw.value) if isinstance(n, ast.Name) and n.id in imported}
     return sorted((n, *imported[n]) for n in out)
+
+
+#: what a comment about apex's DDP names: its class, its module, the option torch's DDP lacks
+_APEX_DDP_WORDS = re.compile(r"\bapex\.parallel\b|\bapex DDP\b|\bdelay_allreduce\b", re.IGNORECASE)
+
+
+def apex_ddp_comment(src, stmt) -> Optional[Tuple[int, int]]:
+    """(first, last) comment lines right above ``stmt`` when one of them speaks of apex's DDP
+    (``# By default, apex.parallel.DistributedDataParallel overlaps communication ...``, ``#
+    delay_allreduce delays all communication ...``): once the wrapper is torch's, with no
+    ``delay_allreduce``, the block describes what is gone."""
+    from ampfix.engine.tidy import comments_above
+
+    line = stmt.lineno
+    first = comments_above(src, line)
+    if first is None or not any(_APEX_DDP_WORDS.search(src.line_text(n)) for n in range(first, line)):
+        return None
+    return first, line - 1
 
 
 def decide(uses: List[DdpUse]) -> Optional[str]:
