@@ -5,8 +5,7 @@ from typing import Optional
 from ampfix.migration.parallel import KEPT_KEYWORDS, apex_ddp_comment, ddp_uses, decide, plan as ddp_plan
 from ampfix.model.analysis import has_star, import_spec, kwargs, number_value
 from ampfix.model.apex import APEX_DDP as DDP, apex_ddp_call_changes, maybe_not_apex
-from ampfix.model.edits import Edit
-from ampfix.model.semantic import block_of
+from ampfix.model.semantic import block_of, statement_of
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -329,16 +328,12 @@ class ApexParallel(ApexRule):
     def _comment_on_apex_ddp(self, call) -> list:
         """The comment block right above the statement that wraps the model, when it describes
         apex's DDP (its overlap, ``delay_allreduce``): it goes with the wrapper."""
-        st = call
-        while st is not None and not isinstance(st, ast.stmt):
-            st = self.parent(st)
-        if st is None:
-            return []
-        span = apex_ddp_comment(self.src, st)
+        st = statement_of(call)
+        span = apex_ddp_comment(self.src, st) if st is not None else None
         if span is None:
             return []
         first, last = span
-        return [Edit(self.src.starts[first - 1], self.src.line_end(last), "")]
+        return [self.edits.replace_range(self.src.starts[first - 1], self.src.line_end(last), "")]
 
     def _fix_call(self, node, call, qname):
         if call is None or has_star(call):

@@ -136,7 +136,7 @@ class FileChanges:
         # ... and the commented-out code right below it (`# norm_b = ...amp.master_params(opt)...`,
         # `# print(norm_a, norm_b)`), when a line of it does: it could not be uncommented any more
         below, no = [], stmt.end_lineno + 1
-        while no <= self.src.line_count and _commented_code(self.src.line_text(no)):
+        while no <= self.src.line_count and _commented_code(self.src.line_text(no)) is not None:
             below.append(no)
             no += 1
         if below and any(w in self.src.line_text(n).lower() for n in below for w in words):
@@ -190,8 +190,7 @@ class FileChanges:
                     new_above = None
                 for k, text in ((no, new), (no - 1, new_above)):
                     a, b = src.starts[k - 1], src.line_end(k)
-                    if text is not None and not any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b)
-                                                    for e in [*edits, *out]):
+                    if text is not None and not _touched(a, b, [*edits, *out]):
                         out.append(Edit(a, b, "") if text == "" else Edit(a, a + len(src.line_text(k)), text))
                 if new_above is not None:
                     done.add(no - 1)
@@ -207,10 +206,8 @@ class FileChanges:
             text = self.src.line_text(no).strip()
             if not text.startswith("#") or not word.search(text):
                 continue
-            if not _commented_code(text):
-                continue
-            tree = ast.parse(text.lstrip("#").strip())
-            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree)):
+            tree = _commented_code(text)
+            if tree is not None and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree)):
                 self._stale_lines.add(no)
 
     def wrap(self, first, last, header: str) -> None:
@@ -262,7 +259,7 @@ class FileChanges:
         # stale commented-out code goes, unless another edit covers its line already
         for no in sorted(self._stale_lines):
             a, b = self.src.starts[no - 1], self.src.line_end(no)
-            if not any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b) for e in edits):
+            if not _touched(a, b, edits):
                 edits.append(Edit(a, b, ""))
         edits.extend(self._apex_labels(edits))
         # what the migration writes follows the module's own quotes (the module is tokenized only
@@ -314,19 +311,25 @@ def dangles(text: str) -> bool:
     return bool(words) and words[-1] in _DANGLING
 
 
-def _commented_code(line: str) -> bool:
-    """A line that is only a comment holding a Python statement (``# print(norm)``); prose
-    (``# clip the gradients``) does not parse."""
+def _commented_code(line: str) -> Optional[ast.Module]:
+    """The statements of a line that is only a comment holding Python code (``# print(norm)``);
+    None for prose (``# clip the gradients`` does not parse) and for code lines."""
     text = line.strip()
     if not text.startswith("#"):
-        return False
+        return None
     code = text.lstrip("#").strip()
     if not code or not any(c in code for c in "()=[]."):
-        return False
+        return None
     try:
-        return bool(ast.parse(code).body)
+        tree = ast.parse(code)
     except SyntaxError:
-        return False
+        return None
+    return tree if tree.body else None
+
+
+def _touched(a: int, b: int, edits: Sequence[Edit]) -> bool:
+    """Some edit changes text in ``[a, b)`` (or inserts inside it)."""
+    return any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b) for e in edits)
 
 
 def add_module_helper(fc: "FileChanges", module, text: str, key: str) -> None:
