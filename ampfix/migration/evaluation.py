@@ -20,7 +20,7 @@ hands a tensor to numpy stays as it is: numpy has no bfloat16."""
 from __future__ import annotations
 
 import ast
-from typing import Set
+from typing import Dict, Set
 
 from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, read, stmt_of
 from ampfix.migration.seeds import Seed, calls_model
@@ -71,20 +71,34 @@ class EvaluationRewrites:
         function that only evaluates it runs under autocast(``cond``); returns the functions
         the models are handed to that train, each with the parameters that receive them."""
         trains = []
+        partials = self._partials(module, caller, unit, models)
         for n in walk(unit):
             if not isinstance(n, ast.Call) or n.lineno <= after:
                 continue
             st = stmt_of(n)
-            f, bound = self.p.resolve(module, n.func)
-            if f is None or f is caller:
-                continue
-            params = self._given(CallSite(n, module, caller, f, bound), models)
-            if not params:
-                continue
-            if not self._only_evaluates(f, params):
+            runs = []  # the functions this call runs the model in (for bfloat16's numpy check)
+            if isinstance(n.func, ast.Name) and n.func.id in partials:
+                f, params = partials[n.func.id]  # `emb = get_emb_f(loader)`: the partial's function
+            else:
+                f, bound = self.p.resolve(module, n.func)
+                if f is None or f is caller:
+                    continue
+                cs = CallSite(n, module, caller, f, bound)
+                params = self._given(cs, models)
+                if not params:
+                    # `evaluate(get_emb_f, ...)`: a partial holding the model, handed to a function
+                    # that only calls it
+                    held = {q: partials[dotted(cs.argument(q))] for q in [*f.positional, *f.kwonly]
+                            if dotted(cs.argument(q)) in partials}
+                    if not held or not self._only_calls(f, set(held)) or \
+                            not all(self._only_evaluates(g, given) for g, given in held.values()):
+                        continue
+                    runs = [g for g, _ in held.values()]
+            if params and not self._only_evaluates(f, params):
                 trains.append((f, params))
                 continue
-            if bf16(self.s) and any(method_call(x, "numpy") for x in walk(f.node, into_functions=True)):
+            if bf16(self.s) and any(method_call(x, "numpy") for g in [f, *runs]
+                                    for x in walk(g.node, into_functions=True)):
                 continue  # numpy has no bfloat16: the evaluation would fail on its outputs
             if not (isinstance(st, (ast.Expr, ast.Assign, ast.Return)) and st.value is not None and (
                     st.value is n or self._only_around(module, st, n))):
@@ -138,6 +152,49 @@ class EvaluationRewrites:
             self._add_region(module, block, i, j, autocast_call(self.s, cond), evaluation=True)
             self.notes.add("the evaluation after amp.initialize ran the model in half precision under apex: "
                            "its forward runs under autocast")
+
+    def _partials(self, module, caller, unit, models: Set[str]) -> Dict[str, tuple]:
+        """Locals bound once, to ``functools.partial(f, ..., model=model)`` with ``f`` a project
+        function and one of ``models`` among the arguments it binds (``get_emb_f =
+        partial(get_emb, model=model, ds=ds)``): name -> (``f``, its parameters that hold a model)."""
+        stores: Dict[str, int] = {}
+        for n in walk(unit):
+            if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+                stores[n.id] = stores.get(n.id, 0) + 1
+            elif isinstance(n, (ast.Global, ast.Nonlocal)):
+                for x in n.names:
+                    stores[x] = stores.get(x, 0) + 2
+        found = {}
+        for n in walk(unit):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                    and stores.get(n.targets[0].id) == 1):
+                continue
+            v = n.value
+            if not (isinstance(v, ast.Call) and (dotted(v.func) or "") in ("partial", "functools.partial")
+                    and v.args and not any(isinstance(a, ast.Starred) for a in v.args)
+                    and all(k.arg is not None for k in v.keywords)):
+                continue
+            f, bound = self.p.resolve(module, v.args[0])
+            if f is None or f is caller:
+                continue
+            bound_call = ast.Call(func=v.args[0], args=v.args[1:], keywords=v.keywords)
+            given = self._given(CallSite(bound_call, module, caller, f, bound), models)
+            if given:
+                found[n.targets[0].id] = (f, given)
+        return found
+
+    @staticmethod
+    def _only_calls(f, names: Set[str]) -> bool:
+        """``f`` only calls its parameters ``names`` (never stores or hands them on) and trains
+        nothing itself."""
+        for x in walk(f.node, into_functions=True):
+            if isinstance(x, ast.Call) and method_call(x, "backward", "step", "zero_grad"):
+                return False
+            if isinstance(x, ast.Name) and x.id in names:
+                p = getattr(x, "_p", None)
+                if not (isinstance(x.ctx, ast.Load) and isinstance(p, ast.Call) and p.func is x):
+                    return False
+        return True
 
     @staticmethod
     def _loss_of(st, made: Set[str]) -> bool:

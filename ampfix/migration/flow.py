@@ -331,6 +331,14 @@ def _model_feeds(stmt: ast.stmt, names: Set[str], models: Set[str]) -> bool:
 COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)
 
 
+def _mode_switch(stmt, models: Set[str]) -> bool:
+    """``model.train()`` / ``model.eval()`` / ``model.zero_grad()`` alone: the model's mode, not
+    its forward pass (a region starting there would take in the batch preparation after it)."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+        method_call(stmt.value, "train", "eval", "zero_grad", "requires_grad_") and \
+        dotted(stmt.value.func.value) in models
+
+
 def _calls_a_model(stmt, models: Set[str]) -> bool:
     """Something in ``stmt`` calls a model, or assigns what a call handed a model returns (a
     forward helper: ``loss = fwd_pass(args, model, batch)``; not ``print_biases(model)``)."""
@@ -426,7 +434,8 @@ def forward_region(site: ast.stmt, loss, unit, barriers: Sequence[ast.AST] = (),
                 # from the first statement that uses a model (if one does)
                 using = [j for j in range(first, last + 1) if read(block[j]) & models
                          and (j not in feeds or _model_feeds(block[j], feeds[j], models))
-                         and (not isinstance(block[j], COMPOUND) or _calls_a_model(block[j], models))]
+                         and (not isinstance(block[j], COMPOUND) or _calls_a_model(block[j], models))
+                         and not _mode_switch(block[j], models)]
                 start = using[0] if using else first
             # nor input preparation, nor what the loss does not come from (a progress bar, a
             # `continue` for a short batch, zero_grad) at the start

@@ -365,7 +365,10 @@ class UseRewrites:
             cunit = cs.caller.node if cs.caller else cs.module.tree
             if self._under_autocast(call_stmt):
                 continue
-            r, still = forward_region(call_stmt, a, cunit, [s.stmt for s in self.g.seeds if s.module is cs.module])
+            # the region starts at the model's forward: the model is the name the caller puts in
+            # training mode (XLM's `model = getattr(self, name); model.train()`), if one is
+            r, still = forward_region(call_stmt, a, cunit, [s.stmt for s in self.g.seeds if s.module is cs.module],
+                                      _trained_here(cunit) if cs.caller is not None else frozenset())
             if r is None and self._in_planned_region(call_stmt, a, cunit):
                 continue  # computed before a loop, by a forward pass an earlier call's region covers
             if r is not None and cs.caller is not None and isinstance(a, ast.Name) and \
@@ -1563,6 +1566,13 @@ def _arithmetic(e) -> bool:
     if isinstance(e, ast.Subscript):
         return isinstance(e.value, (ast.Name, ast.Attribute)) and isinstance(e.slice, (ast.Constant, ast.Name))
     return isinstance(e, (ast.Name, ast.Attribute, ast.Constant))
+
+
+def _trained_here(unit) -> Set[str]:
+    """Local names (and parameters) of ``unit`` put in training mode in it (``model.train()``)."""
+    return {x.func.value.id for x in walk(unit) if isinstance(x, ast.Call) and method_call(x, "train")
+            and isinstance(x.func.value, ast.Name) and x.func.value.id != "self"
+            and not x.keywords and (not x.args or (isinstance(x.args[0], ast.Constant) and x.args[0].value is True))}
 
 
 def _only_derives(region, func, module) -> Optional[str]:
