@@ -13,6 +13,11 @@
    started at ``model.train()``'s next statement, the batch generation, because the mode switch
    counted as the first use of the model.  It starts at the forward pass now; the batch
    preparation stays outside, as a person would write it.
+3. The clip of ``amp.master_params(self.optimizers[name])`` in a loop over the optimizers' names,
+   in the apex arm of an ``if`` whose fp32 arm clips ``self.parameters[name]`` in the same loop:
+   the migrated clip walked the optimizer's ``param_groups`` though the code names those
+   parameters; it reuses the fp32 arm's words (only when they read nothing the apex clip does
+   not: the loop variable, ``self``).
 """
 from test_round17_shapes import run, write
 
@@ -176,3 +181,65 @@ def test_a_region_in_a_step_starts_at_the_forward_not_at_the_mode_switch(tmp_pat
             "            loss = torch.nn.functional.cross_entropy(out[mask[:-1]], y)\n"
             "        self.optimize(loss)\n") in text, text
     assert "        model.train()\n        x = batch[:-1].clone()\n" in text, text
+
+
+TWO_ARMS = '''\
+import torch
+from apex import amp
+from torch.nn.utils import clip_grad_norm_
+
+
+class Trainer:
+    def __init__(self, modules, lr, fp16, clip):
+        self.modules = modules
+        self.parameters = {k: list(m.parameters()) for k, m in modules.items()}
+        self.optimizers = {k: torch.optim.Adam(p, lr=lr) for k, p in self.parameters.items()}
+        self.fp16 = fp16
+        self.clip = clip
+        if fp16:
+            names = list(modules)
+            ms, opts = amp.initialize([modules[k] for k in names], [self.optimizers[k] for k in names],
+                                      opt_level="O1")
+            self.modules = dict(zip(names, ms))
+            self.optimizers = dict(zip(names, opts))
+
+    def optimize(self, loss):
+        names = list(self.optimizers)
+        extra = {k: list(m.parameters()) for k, m in self.modules.items()}
+        optimizers = [self.optimizers[k] for k in names]
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        if not self.fp16:
+            loss.backward()
+            for name in names:
+                clip_grad_norm_(self.parameters[name], self.clip)
+                clip_grad_norm_(extra[name], 2 * self.clip)
+        else:
+            with amp.scale_loss(loss, optimizers) as scaled_loss:
+                scaled_loss.backward()
+            for name in names:
+                clip_grad_norm_(amp.master_params(self.optimizers[name]), self.clip)
+                clip_grad_norm_(amp.master_params(self.optimizers[name]), 2 * self.clip)
+        for optimizer in optimizers:
+            optimizer.step()
+
+    def step(self, x, y):
+        enc = self.modules["encoder"]
+        enc.train()
+        loss = torch.nn.functional.mse_loss(self.modules["decoder"](enc(x)), y)
+        self.optimize(loss)
+'''
+
+
+def test_a_master_params_clip_reuses_the_fp32_arms_names(tmp_path):
+    write(tmp_path, {"trainer.py": TWO_ARMS})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "trainer.py").read_text()
+    compile(text, "trainer.py", "exec")
+    assert "master_params" not in text and "apex" not in text, text
+    # the fp32 arm names the parameters by what the apex clip reads too: its words are reused
+    assert text.count("clip_grad_norm_(self.parameters[name], self.clip)") == 2, text
+    # its twin there reads a local the apex clip does not: the optimizer's own groups
+    assert text.count("extra[name]") == 1, text
+    assert 'self.optimizers[name].param_groups for p in group["params"]' in text, text

@@ -1092,7 +1092,7 @@ class UseRewrites:
             # `if max_norm > 0: clip(...)` in each branch
             test, st, gd = code(gd.test), gd, getattr(gd, "_p", None)
         if not (isinstance(gd, ast.If) and any(x is st for x in gd.body) and gd.orelse):
-            return None
+            return self._twin_params_around(u, call, clip)
         clips = [x for x in gd.orelse if test is None] + [
             x.body[0] for x in gd.orelse if test is not None and isinstance(x, ast.If) and len(x.body) == 1
             and not x.orelse and code(x.test) == test]
@@ -1101,6 +1101,32 @@ class UseRewrites:
         if len(found) != 1 or "master_params" in code(found[0]):
             return None
         return code(found[0])
+
+    def _twin_params_around(self, u: Use, call, clip) -> Optional[str]:
+        """``if params.amp == -1: ... for name in names: clip(self.parameters[name], n)`` beside
+        ``else: ... for name in names: clip(amp.master_params(self.optimizers[name]), n)``, further
+        apart than :meth:`_twin_params` looks: the fp32 arm of an ``if`` around the clip clips one
+        thing with the same function and arguments, by names the apex clip reads too (its loop
+        variable, ``self``): the names the code has."""
+        code = u.module.src.code
+        rest = [code(a) for a in clip.args[1:]] + [f"{k.arg}={code(k.value)}" for k in clip.keywords]
+        mine = {n.split(".")[0] for n in read(call.args[0] if call.args else call)} | {"self"}
+        unit = u.func.node if u.func is not None else u.module.tree
+        for gd in ancestors_stmts(stmt_of(clip), unit):
+            if not isinstance(gd, ast.If) or not gd.orelse:
+                continue
+            inside = any(x is stmt_of(clip) for b in gd.body for x in [b, *walk(b)])
+            other = gd.orelse if inside else gd.body
+            found = [x for b in other for x in [b, *walk(b)] if isinstance(x, ast.Call) and x is not clip
+                     and dotted(x.func) == dotted(clip.func) and x.args
+                     and [code(a) for a in x.args[1:]] + [f"{k.arg}={code(k.value)}" for k in x.keywords] == rest]
+            if not found:
+                continue
+            if len(found) != 1 or "master_params" in code(found[0].args[0]) or \
+                    not {n.split(".")[0] for n in read(found[0].args[0])} <= mine:
+                return None
+            return code(found[0].args[0])
+        return None
 
     def _parameters_named(self, u: Use, opt) -> Optional[str]:
         """``model.parameters()`` where the optimizer was built from it in the same function (and
