@@ -81,6 +81,13 @@ ENTRIES = {
     # amp.master_params (the scaler unscales before the first call); predictions kept between the
     # forward and the accumulation division stay out of the region
     "twin_backends": [["train.py"], ["train.py", "--fp16"], ["train.py", "--fp16", "--apex_opt_lvl", "O1"]],
+    # modules set on the trainer and fetched by name in each step (`model = getattr(self, name);
+    # model.train()`, the batch masked before the forward: the region starts at the forward); the
+    # clip of apex's master params in a loop reuses the fp32 arm's `self.parameters[name]`
+    "setattr_steps": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "-1"]],
+    # the model bound into a partial that an evaluation helper calls, and that is called itself:
+    # both ran in half precision under O2 and run under autocast now
+    "partial_eval": [["train.py", "--epochs", "2"]],
     # training and an inline evaluation in one function (the evaluation's forward and loss run
     # under autocast too); apex's DDP pre-divided by a project helper imported for it alone (the
     # import goes with the argument)

@@ -935,7 +935,7 @@ class SeedRewrites:
                 return False
             tgt = x.targets[0]
             return isinstance(made, (ast.List, ast.Tuple)) and isinstance(tgt, (ast.Tuple, ast.List)) and \
-                [code(e) for e in tgt.elts] == [ast.unparse(e) for e in made.elts]
+                [ast.unparse(e) for e in tgt.elts] == [ast.unparse(e) for e in made.elts]
 
         names = {t for t, _ in pairs}
         following, checks = [], []
