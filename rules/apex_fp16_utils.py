@@ -78,6 +78,18 @@ class ApexFp16Utils(ApexRule):
     VALID = [Valid("from mylib.fp16_utils import FP16_Optimizer\nopt = FP16_Optimizer(opt)\n")]
     INVALID = [
         Invalid(
+            # apex binds fp16_utils.clip_grad_norm to torch.nn.utils.clip_grad_norm_
+            """
+            from apex import fp16_utils
+            fp16_utils.clip_grad_norm(model.parameters(), 5.0)
+            """,
+            expected="""
+            import torch
+
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            """,
+        ),
+        Invalid(
             """
             from apex.fp16_utils import to_python_float
             losses.update(to_python_float(reduced_loss), n)
@@ -169,6 +181,13 @@ class ApexFp16Utils(ApexRule):
         """``to_python_float(t)`` is ``t.item()`` for a tensor (apex's helper also took a
         one-element sequence: ``t[0]``, which ``.item()`` handles for a list of one number too
         rarely to matter; the fix is safe for tensors, what the helper was for)."""
+        if qname == "apex.fp16_utils.clip_grad_norm" and call is not None:
+            # apex's fp16util binds the name to torch.nn.utils.clip_grad_norm_ (torch >= 0.5): the
+            # same function, under its own name
+            add, remove = self.import_edits(node)
+            return Fix("apex.fp16_utils.clip_grad_norm -> torch.nn.utils.clip_grad_norm_",
+                       [self.edits.replace(call.func, "torch.nn.utils.clip_grad_norm_")],
+                       add_imports=add, remove_imports=remove)
         if qname == "apex.fp16_utils.to_python_float" and call is not None and len(call.args) == 1 \
                 and not call.keywords and not isinstance(call.args[0], ast.Starred):
             a = call.args[0]

@@ -44,7 +44,7 @@ CTORS = {"apex.fp16_utils.FP16_Optimizer", "apex.optimizers.FP16_Optimizer", "ap
          "apex.contrib.optimizers.fp16_optimizer.FP16_Optimizer"}
 CONVERTERS = {"apex.fp16_utils.network_to_half", "apex.fp16_utils.BN_convert_float", "apex.fp16_utils.FP16Model"}
 #: fp16_utils helpers that stand alone (rewritten where they are, by the rule)
-STANDALONE = {"apex.fp16_utils.to_python_float"}
+STANDALONE = {"apex.fp16_utils.to_python_float", "apex.fp16_utils.clip_grad_norm"}
 METHODS = {"backward", "step", "zero_grad", "state_dict", "load_state_dict", "param_groups", "state",
            "clip_master_grads", "update_master_grads", "loss_scale", "optimizer", "add_param_group"}
 #: what FP16_Optimizer itself has (apex.fp16_utils' and apex.optimizers' classes): an attribute read
