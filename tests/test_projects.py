@@ -88,6 +88,10 @@ ENTRIES = {
     # the model bound into a partial that an evaluation helper calls, and that is called itself:
     # both ran in half precision under O2 and run under autocast now
     "partial_eval": [["train.py", "--epochs", "2"]],
+    # apex tried first in a `try` whose handler makes the GradScaler (apex's optional import leaves
+    # `amp` unbound without it), the step's apex branch the `else` of `if scaler is not None`: the
+    # handler is what runs now, and the apex branch goes
+    "fallback_try": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp"]],
     # training and an inline evaluation in one function (the evaluation's forward and loss run
     # under autocast too); apex's DDP pre-divided by a project helper imported for it alone (the
     # import goes with the argument)

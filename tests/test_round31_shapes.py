@@ -18,7 +18,16 @@
    the migrated clip walked the optimizer's ``param_groups`` though the code names those
    parameters; it reuses the fp32 arm's words (only when they read nothing the apex clip does
    not: the loop variable, ``self``).
+4. apex tried first, native AMP in the handler (``try: model, optim = amp.initialize(...) except:
+   scaler = torch.cuda.amp.GradScaler()``), the step's apex branch in the ``else`` of ``if scaler
+   is not None:``: refused ("runs inside a `try`"), seven modules of one repository of the
+   round31b batch.  Once apex is gone the handler is what runs: the try becomes its body and the
+   apex branch goes (it ran only where the try's body had run, and there the scaler exists now).
+   Where another call hands the step something else for ``scaler``, or an apex.amp use elsewhere
+   outlives the fallbacks, nothing of it moves: apex's state is the process's.
 """
+from pathlib import Path
+
 from test_round17_shapes import run, write
 
 HELPERS = '''\
@@ -243,3 +252,34 @@ def test_a_master_params_clip_reuses_the_fp32_arms_names(tmp_path):
     # its twin there reads a local the apex clip does not: the optimizer's own groups
     assert text.count("extra[name]") == 1, text
     assert 'self.optimizers[name].param_groups for p in group["params"]' in text, text
+
+
+FALLBACK = (Path(__file__).resolve().parents[1] / "fixtures" / "projects" / "fallback_try" / "before" /
+            "train.py")
+
+
+def test_a_fallback_try_keeps_its_refusal_where_a_call_passes_something_else(tmp_path):
+    before = FALLBACK.read_text()
+    other = before.replace("    for epoch in range(args.epochs):",
+                           "    train_batch(model, x[:32], y[:32], optim, use_amp=args.amp, scaler=None)\n"
+                           "    for epoch in range(args.epochs):")
+    assert other != before
+    write(tmp_path, {"train.py": other})
+    out = run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    # apex's initialize and scaled backward stay together, with the reason
+    assert "amp.initialize(model, optim" in text and "amp.scale_loss(loss, optim)" in text, text
+    assert "import apex.amp as amp" in text, text
+    assert "runs inside a `try` statement" in out.output, out.output
+
+
+def test_a_fallback_try_whose_handler_does_more_is_not_one(tmp_path):
+    before = FALLBACK.read_text()
+    other = before.replace("            scaler = torch.cuda.amp.GradScaler()\n",
+                           "            scaler = torch.cuda.amp.GradScaler()\n"
+                           "            optim = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    assert other != before
+    write(tmp_path, {"train.py": other})
+    run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "amp.initialize(model, optim" in text and "amp.scale_loss(loss, optim)" in text, text

@@ -71,6 +71,18 @@ class DualPlanner:
             if not m.editable or "apex" not in m.src.text:
                 continue
             plans.append(DualModule(self.p, m))
+        # apex's state is the process's: a fallback (`try: amp.initialize(...) except: scaler =
+        # GradScaler()`) goes only where no apex.amp use in the project outlives the project's
+        # fallbacks (one that still scales a loss would find apex uninitialized)
+        fallbacks_ok, seen = True, set()
+        while fallbacks_ok:  # (looking at callers may read more modules of the project)
+            fresh = [m for m in list(self.p.modules.values()) if id(m) not in seen]
+            if not fresh:
+                break
+            seen |= {id(m) for m in fresh}
+            fallbacks_ok = all(self._apex_amp_covered(m) for m in fresh if "apex" in m.src.text)
+        for plan in plans:
+            plan.allow_fallbacks = fallbacks_ok
         final: Dict[str, "DualModule"] = {}
         out: List[Group] = []
         for plan in list(plans):
@@ -96,6 +108,7 @@ class DualPlanner:
             if not inherited:
                 continue
             fresh = DualModule(self.p, plan.m, inherited)
+            fresh.allow_fallbacks = plan.allow_fallbacks
             if not fresh.applies():
                 continue
             final[plan.m.path] = fresh
@@ -122,6 +135,24 @@ class DualPlanner:
             out.append(g)
         return out
 
+    def _apex_amp_covered(self, m) -> bool:
+        """Every apex.amp use of module ``m`` (besides its imports) lies in a fallback's try body or
+        in the apex branch the fallback's scaler makes dead."""
+        probe = DualModule(self.p, m)
+        probe._fallbacks()
+        covered = {id(x) for t, _, _ in probe.fallbacks for st in t.body for x in [st, *walk(st)]}
+        covered |= {id(x) for n in probe._apex_elses() for st in n.orelse for x in [st, *walk(st)]}
+        for n, q in apex_uses(m.sem, m.tree):
+            if not q.startswith("apex.amp") or id(n) in covered:
+                continue
+            st = getattr(n, "_p", None)
+            while st is not None and not isinstance(st, ast.stmt):
+                st = getattr(st, "_p", None)
+            if isinstance(st, (ast.Import, ast.ImportFrom)):
+                continue
+            return False
+        return True
+
     def _planner_bug(self, m, exc) -> Group:
         """The refused group of a module whose planning failed: its apex uses, which the other
         planners then skip."""
@@ -147,6 +178,12 @@ class DualModule:
         self.selectors: Dict[str, str] = {}  # expression source -> its native value
         self.cli: Dict[str, Tuple[str, str]] = {}  # args.X -> (native value / twin flag, kind "value"|"flag")
         self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
+        #: `try: <apex's initialize> except: scaler = GradScaler()`: the handler, which runs now
+        self.fallbacks: List[Tuple[ast.Try, ast.ExceptHandler, str]] = []
+        self.allow_fallbacks = False  # set by the planner: no apex.amp use outlives the fallbacks
+        #: `if scaler is not None: <native> else: <apex>` where the scaler is the fallback's: the
+        #: `else` can no longer run (the `if` and its test stay)
+        self.dead_elses: List[ast.If] = []
         self.dead_exprs: List[Tuple[ast.IfExp, ast.expr]] = []  # (a if t else b, the side that runs)
         #: a local selector read from a configuration (`fp16_type = fp16_cfg.pop("type")`) -> the
         #: statements that set it, where the apex choice is routed right after
@@ -169,7 +206,9 @@ class DualModule:
             return False
         self._flags()
         self._selectors()
-        gated = any(isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
+        if self.allow_fallbacks:
+            self._fallbacks()
+        gated = bool(self.fallbacks) or any(isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
                     for n in walk(tree, into_functions=True))
         if not self.compared and not self.cli and not self.flags and not gated and not self.inherited:
             return False
@@ -360,6 +399,11 @@ class DualModule:
         return True
 
     def _evaluate(self) -> None:
+        for t, h, _ in self.fallbacks:
+            self._mark(t.body)
+        for n in self._apex_elses():
+            self.dead_elses.append(n)
+            self._mark(n.orelse)
         changed = True
         while changed:
             changed = False
@@ -418,6 +462,65 @@ class DualModule:
             if twin is not None and uses_amp:
                 self.twins.append((c, twin))
                 self._mark([c])
+
+    # -- apex tried first, native AMP in the handler ------------------------------------------------
+    def _fallbacks(self) -> None:
+        """``try: model, optim = amp.initialize(model, optim, opt_level="O1") / except: scaler =
+        torch.cuda.amp.GradScaler()``: apex where it is installed, native AMP where the try fails
+        (apex's guarded import left ``amp`` unbound).  Once apex is gone the handler is what runs:
+        the try becomes its body.  Only a try whose body is apex's setup (its initialize, imports,
+        log lines) and whose one handler makes the GradScaler (and logs), with no ``else`` that
+        does more than log and no ``finally``."""
+        for t in walk(self.m.tree, into_functions=True):
+            if not isinstance(t, ast.Try) or t.finalbody or len(t.handlers) != 1:
+                continue
+            if not all(_is_message(x) or is_log_call(x) for x in t.orelse):
+                continue
+            inits = [x for x in t.body if isinstance(x, (ast.Assign, ast.Expr)) and isinstance(x.value, ast.Call)
+                     and any(q.startswith("apex.amp.initialize") for q in self.m.sem.qnames(x.value.func))]
+            if not inits or not all(any(x is y for y in inits) or imports_apex(x) or is_log_call(x) for x in t.body):
+                continue
+            h = t.handlers[0]
+            made = [x for x in h.body if isinstance(x, ast.Assign) and len(x.targets) == 1 and
+                    isinstance(x.value, ast.Call) and any(q in GRADSCALER for q in self.m.sem.qnames(x.value.func))]
+            if len(made) != 1 or not dotted(made[0].targets[0]) or h.name or not all(
+                    x is made[0] or is_log_call(x) for x in h.body):
+                continue
+            self.fallbacks.append((t, h, dotted(made[0].targets[0])))
+
+    def _apex_elses(self) -> List[ast.If]:
+        """``if scaler is not None: <scaler's backward and step> else: <apex's scaled backward>`` in
+        a function whose every call hands ``scaler`` the name a fallback's handler makes the
+        GradScaler in (from the function of that try, after it): apex's branch ran only where the
+        try's body had run (the scaler stayed None there), and there the scaler exists now."""
+        out = []
+        for n in walk(self.m.tree, into_functions=True):
+            if not isinstance(n, ast.If) or not n.orelse or (isinstance(n.orelse[0], ast.If) and self._is_elif(n.orelse[0])):
+                continue
+            name = _not_none_test(n.test)
+            f = self.m.function_of(n)
+            if name is None or f is None or name not in [*f.positional, *f.kwonly]:
+                continue
+            if not any(q.startswith("apex.amp") for x in n.orelse for y in walk(x) if isinstance(y, (ast.Name, ast.Attribute))
+                       for q in self.m.sem.qnames(y)):
+                continue
+            if not any(isinstance(y, ast.Call) and isinstance(y.func, ast.Attribute) and dotted(y.func.value) == name
+                       for x in n.body for y in walk(x)):
+                continue  # the other branch is not the scaler's own path
+            sites = self.p.callers(f)
+            if not sites or self.p.references(f):
+                continue
+            ok = True
+            for cs in sites:
+                a = cs.argument(name)
+                homes = [t for t, _, made in self.fallbacks if made == dotted(a) and cs.caller is not None
+                         and self.m.function_of(t) is cs.caller and t.lineno < cs.node.lineno]
+                if a is None or not homes:
+                    ok = False
+                    break
+            if ok:
+                out.append(n)
+        return out
 
     # -- a branch that only picks apex, beside one that sets native AMP up ------------------------
     def _apex_choice(self, n: ast.If) -> Optional[str]:
@@ -682,6 +785,19 @@ class DualModule:
                 continue
             done.add(id(node))
             self._drop_branch(fc, node, field)
+        for t, h, _ in self.fallbacks:
+            # the handler's body in the try's place; `# mixed precision with apex.amp` above it
+            # spoke of the body that went
+            fc.unwrap(t, h.body)
+            fc.touched.add(id(t))
+            fc.drop_comment_above(t, named=True)
+        for n in self.dead_elses:
+            if id(n) in self.dead or self._inside_dropped(n):
+                continue
+            # `else:` and its body go, from the line after the body to the end of the `else`
+            src = m.src
+            fc.edits.append(_edit(src.line_end(n.body[-1].end_lineno), src.line_end(n.orelse[-1].end_lineno), ""))
+            fc.touched.add(id(n))
         for n in walk(m.tree, into_functions=True):
             if isinstance(n, ast.Assert) and id(n) in self.dead and not self._inside_dropped(n):
                 fc.remove(n)
@@ -1002,6 +1118,16 @@ class DualModule:
                 return True
             p = getattr(p, "_p", None)
         return False
+
+
+def _not_none_test(e) -> Optional[str]:
+    """``x is not None`` / ``x`` (a plain name): the name tested for being set."""
+    if isinstance(e, ast.Name):
+        return e.id
+    if isinstance(e, ast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], ast.IsNot) and \
+            is_const(e.comparators[0], None) and isinstance(e.left, ast.Name):
+        return e.left.id
+    return None
 
 
 def _membership(e) -> Optional[Tuple[str, Set[str]]]:
