@@ -158,6 +158,10 @@ class EvaluationRewrites:
         function and one of ``models`` among the arguments it binds (``get_emb_f =
         partial(get_emb, model=model, ds=ds)``): name -> (``f``, its parameters that hold a model)."""
         stores: Dict[str, int] = {}
+        if isinstance(unit, (ast.FunctionDef, ast.AsyncFunctionDef)):  # a parameter is bound on entry too
+            for a in ast.walk(unit.args):
+                if isinstance(a, ast.arg):
+                    stores[a.arg] = 1
         for n in walk(unit):
             if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
                 stores[n.id] = stores.get(n.id, 0) + 1
