@@ -283,3 +283,14 @@ def test_a_fallback_try_whose_handler_does_more_is_not_one(tmp_path):
     run(tmp_path, "--write")
     text = (tmp_path / "train.py").read_text()
     assert "amp.initialize(model, optim" in text and "amp.scale_loss(loss, optim)" in text, text
+
+
+def test_a_fallback_scaler_set_again_after_the_try_is_not_the_handlers(tmp_path):
+    before = FALLBACK.read_text()
+    other = before.replace("    for epoch in range(args.epochs):",
+                           "    if args.epochs > 100:\n        scaler = None\n    for epoch in range(args.epochs):")
+    assert other != before
+    write(tmp_path, {"train.py": other})
+    run(tmp_path, "--write")
+    text = (tmp_path / "train.py").read_text()
+    assert "amp.initialize(model, optim" in text and "amp.scale_loss(loss, optim)" in text, text

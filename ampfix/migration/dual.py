@@ -208,8 +208,9 @@ class DualModule:
         self._selectors()
         if self.allow_fallbacks:
             self._fallbacks()
-        gated = bool(self.fallbacks) or any(isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
-                    for n in walk(tree, into_functions=True))
+        gated = bool(self.fallbacks) or any(
+            isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
+            for n in walk(tree, into_functions=True))
         if not self.compared and not self.cli and not self.flags and not gated and not self.inherited:
             return False
         self._evaluate()
@@ -513,8 +514,9 @@ class DualModule:
             ok = True
             for cs in sites:
                 a = cs.argument(name)
-                homes = [t for t, _, made in self.fallbacks if made == dotted(a) and cs.caller is not None
-                         and self.m.function_of(t) is cs.caller and t.lineno < cs.node.lineno]
+                homes = [t for t, h, made in self.fallbacks if made == dotted(a) and cs.caller is not None
+                         and self.m.function_of(t) is cs.caller and t.lineno < cs.node.lineno
+                         and not _rebound_after(cs.caller.node, made, t, h)]
                 if a is None or not homes:
                     ok = False
                     break
@@ -1118,6 +1120,17 @@ class DualModule:
                 return True
             p = getattr(p, "_p", None)
         return False
+
+
+def _rebound_after(unit, name: str, t: ast.Try, h: ast.ExceptHandler) -> bool:
+    """``name`` is bound in ``unit`` after the try ``t`` starts, other than by its handler ``h``
+    (``scaler = None`` after the fallback would hand the step None where apex had run)."""
+    inside = {id(x) for st in h.body for x in [st, *walk(st)]}
+    for x in walk(unit):
+        if isinstance(x, (ast.Name, ast.Attribute)) and not isinstance(x.ctx, ast.Load) and \
+                dotted(x) == name and id(x) not in inside and x.lineno >= t.lineno:
+            return True
+    return False
 
 
 def _not_none_test(e) -> Optional[str]:
