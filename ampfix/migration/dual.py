@@ -38,7 +38,9 @@ from typing import Dict, List, Optional, Set, Tuple
 from ampfix.engine.tidy import checks_for_apex
 from ampfix.model.analysis import (AUTOCAST, GRADSCALER, is_const, is_log_call, method_call, receiver, string_value,
                                    torch_version_test)
+from ampfix.migration.flow import stmt_of
 from ampfix.migration.groups import Group, Refuse
+from ampfix.migration.rewriter import none_tests
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses, imports_apex
@@ -74,15 +76,18 @@ class DualPlanner:
         # apex's state is the process's: a fallback (`try: amp.initialize(...) except: scaler =
         # GradScaler()`) goes only where no apex.amp use in the project outlives the project's
         # fallbacks (one that still scales a loss would find apex uninitialized)
+        by_module = {id(plan.m): plan for plan in plans}
         fallbacks_ok, seen = True, set()
         while fallbacks_ok:  # (looking at callers may read more modules of the project)
             fresh = [m for m in list(self.p.modules.values()) if id(m) not in seen]
             if not fresh:
                 break
             seen |= {id(m) for m in fresh}
-            fallbacks_ok = all(self._apex_amp_covered(m) for m in fresh if "apex" in m.src.text)
-        for plan in plans:
-            plan.allow_fallbacks = fallbacks_ok
+            fallbacks_ok = all((by_module.get(id(m)) or DualModule(self.p, m)).find_fallbacks()
+                               for m in fresh if "apex" in m.src.text)
+        if not fallbacks_ok:
+            for plan in plans:
+                plan.fallbacks, plan.apex_elses = [], []
         final: Dict[str, "DualModule"] = {}
         out: List[Group] = []
         for plan in list(plans):
@@ -108,7 +113,7 @@ class DualPlanner:
             if not inherited:
                 continue
             fresh = DualModule(self.p, plan.m, inherited)
-            fresh.allow_fallbacks = plan.allow_fallbacks
+            fresh.fallbacks, fresh.apex_elses = plan.fallbacks, plan.apex_elses
             if not fresh.applies():
                 continue
             final[plan.m.path] = fresh
@@ -134,24 +139,6 @@ class DualPlanner:
                     g.add_use(x.m.path, n)
             out.append(g)
         return out
-
-    def _apex_amp_covered(self, m) -> bool:
-        """Every apex.amp use of module ``m`` (besides its imports) lies in a fallback's try body or
-        in the apex branch the fallback's scaler makes dead."""
-        probe = DualModule(self.p, m)
-        probe._fallbacks()
-        covered = {id(x) for t, _, _ in probe.fallbacks for st in t.body for x in [st, *walk(st)]}
-        covered |= {id(x) for n in probe._apex_elses() for st in n.orelse for x in [st, *walk(st)]}
-        for n, q in apex_uses(m.sem, m.tree):
-            if not q.startswith("apex.amp") or id(n) in covered:
-                continue
-            st = getattr(n, "_p", None)
-            while st is not None and not isinstance(st, ast.stmt):
-                st = getattr(st, "_p", None)
-            if isinstance(st, (ast.Import, ast.ImportFrom)):
-                continue
-            return False
-        return True
 
     def _planner_bug(self, m, exc) -> Group:
         """The refused group of a module whose planning failed: its apex uses, which the other
@@ -180,10 +167,10 @@ class DualModule:
         self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
         #: `try: <apex's initialize> except: scaler = GradScaler()`: the handler, which runs now
         self.fallbacks: List[Tuple[ast.Try, ast.ExceptHandler, str]] = []
-        self.allow_fallbacks = False  # set by the planner: no apex.amp use outlives the fallbacks
         #: `if scaler is not None: <native> else: <apex>` where the scaler is the fallback's: the
-        #: `else` can no longer run (the `if` and its test stay)
-        self.dead_elses: List[ast.If] = []
+        #: `else` can no longer run (the `if` and its test stay); both found by the planner
+        #: (:meth:`find_fallbacks`), where no apex.amp use in the project outlives them
+        self.apex_elses: List[ast.If] = []
         self.dead_exprs: List[Tuple[ast.IfExp, ast.expr]] = []  # (a if t else b, the side that runs)
         #: a local selector read from a configuration (`fp16_type = fp16_cfg.pop("type")`) -> the
         #: statements that set it, where the apex choice is routed right after
@@ -206,8 +193,6 @@ class DualModule:
             return False
         self._flags()
         self._selectors()
-        if self.allow_fallbacks:
-            self._fallbacks()
         gated = bool(self.fallbacks) or any(
             isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
             for n in walk(tree, into_functions=True))
@@ -402,8 +387,7 @@ class DualModule:
     def _evaluate(self) -> None:
         for t, h, _ in self.fallbacks:
             self._mark(t.body)
-        for n in self._apex_elses():
-            self.dead_elses.append(n)
+        for n in self.apex_elses:
             self._mark(n.orelse)
         changed = True
         while changed:
@@ -465,6 +449,16 @@ class DualModule:
                 self._mark([c])
 
     # -- apex tried first, native AMP in the handler ------------------------------------------------
+    def find_fallbacks(self) -> bool:
+        """Finds the module's fallbacks and the apex branches they make dead; whether every apex.amp
+        use of the module (besides its imports) lies in one of them."""
+        self._fallbacks()
+        self.apex_elses = self._apex_elses()
+        covered = {id(x) for t, _, _ in self.fallbacks for st in t.body for x in [st, *walk(st)]}
+        covered |= {id(x) for n in self.apex_elses for st in n.orelse for x in [st, *walk(st)]}
+        return all(not q.startswith("apex.amp") or id(n) in covered or
+                   isinstance(stmt_of(n), (ast.Import, ast.ImportFrom)) for n, q in apex_uses(self.m.sem, self.m.tree))
+
     def _fallbacks(self) -> None:
         """``try: model, optim = amp.initialize(model, optim, opt_level="O1") / except: scaler =
         torch.cuda.amp.GradScaler()``: apex where it is installed, native AMP where the try fails
@@ -494,34 +488,25 @@ class DualModule:
         a function whose every call hands ``scaler`` the name a fallback's handler makes the
         GradScaler in (from the function of that try, after it): apex's branch ran only where the
         try's body had run (the scaler stayed None there), and there the scaler exists now."""
-        out = []
-        for n in walk(self.m.tree, into_functions=True):
-            if not isinstance(n, ast.If) or not n.orelse or (isinstance(n.orelse[0], ast.If) and self._is_elif(n.orelse[0])):
+        out: List[ast.If] = []
+        for use, q in apex_uses(self.m.sem, self.m.tree):
+            st, f = stmt_of(use), self.m.function_of(use)
+            if not q.startswith("apex.amp") or st is None or f is None:
                 continue
-            name = _not_none_test(n.test)
-            f = self.m.function_of(n)
-            if name is None or f is None or name not in [*f.positional, *f.kwonly]:
-                continue
-            if not any(q.startswith("apex.amp") for x in n.orelse for y in walk(x) if isinstance(y, (ast.Name, ast.Attribute))
-                       for q in self.m.sem.qnames(y)):
-                continue
-            if not any(isinstance(y, ast.Call) and isinstance(y.func, ast.Attribute) and dotted(y.func.value) == name
-                       for x in n.body for y in walk(x)):
-                continue  # the other branch is not the scaler's own path
-            sites = self.p.callers(f)
-            if not sites or self.p.references(f):
-                continue
-            ok = True
-            for cs in sites:
-                a = cs.argument(name)
-                homes = [t for t, h, made in self.fallbacks if made == dotted(a) and cs.caller is not None
-                         and self.m.function_of(t) is cs.caller and t.lineno < cs.node.lineno
-                         and not _rebound_after(cs.caller.node, made, t, h)]
-                if a is None or not homes:
-                    ok = False
-                    break
-            if ok:
-                out.append(n)
+            for n, name, where_none in none_tests(st, f):
+                if not where_none or not isinstance(n.test.ops[0], ast.IsNot) or any(n is x for x in out) or (
+                        isinstance(n.orelse[0], ast.If) and self._is_elif(n.orelse[0])):
+                    continue
+                if not any(isinstance(y, ast.Call) and isinstance(y.func, ast.Attribute) and dotted(y.func.value) == name
+                           for x in n.body for y in walk(x)):
+                    continue  # the other branch is not the scaler's own path
+                sites = self.p.callers(f)
+                if sites and not self.p.references(f) and all(
+                        cs.caller is not None and any(
+                            made == dotted(cs.argument(name)) and self.m.function_of(t) is cs.caller
+                            and t.lineno < cs.node.lineno and not _rebound_after(cs.caller.node, made, t, h)
+                            for t, h, made in self.fallbacks) for cs in sites):
+                    out.append(n)
         return out
 
     # -- a branch that only picks apex, beside one that sets native AMP up ------------------------
@@ -793,7 +778,7 @@ class DualModule:
             fc.unwrap(t, h.body)
             fc.touched.add(id(t))
             fc.drop_comment_above(t, named=True)
-        for n in self.dead_elses:
+        for n in self.apex_elses:
             if id(n) in self.dead or self._inside_dropped(n):
                 continue
             # `else:` and its body go, from the line after the body to the end of the `else`
@@ -1131,16 +1116,6 @@ def _rebound_after(unit, name: str, t: ast.Try, h: ast.ExceptHandler) -> bool:
                 dotted(x) == name and id(x) not in inside and x.lineno >= t.lineno:
             return True
     return False
-
-
-def _not_none_test(e) -> Optional[str]:
-    """``x is not None`` / ``x`` (a plain name): the name tested for being set."""
-    if isinstance(e, ast.Name):
-        return e.id
-    if isinstance(e, ast.Compare) and len(e.ops) == 1 and isinstance(e.ops[0], ast.IsNot) and \
-            is_const(e.comparators[0], None) and isinstance(e.left, ast.Name):
-        return e.left.id
-    return None
 
 
 def _membership(e) -> Optional[Tuple[str, Set[str]]]:

@@ -1109,7 +1109,11 @@ class UseRewrites:
         thing with the same function and arguments, by names the apex clip reads too (its loop
         variable, ``self``): the names the code has."""
         code = u.module.src.code
-        rest = [code(a) for a in clip.args[1:]] + [f"{k.arg}={code(k.value)}" for k in clip.keywords]
+
+        def rest_of(c) -> List[str]:  # the clip's arguments after the parameters
+            return [code(a) for a in c.args[1:]] + [f"{k.arg}={code(k.value)}" for k in c.keywords]
+
+        rest = rest_of(clip)
         mine = {n.split(".")[0] for n in read(call.args[0] if call.args else call)} | {"self"}
         unit = u.func.node if u.func is not None else u.module.tree
         for gd in ancestors_stmts(stmt_of(clip), unit):
@@ -1118,8 +1122,7 @@ class UseRewrites:
             inside = any(x is stmt_of(clip) for b in gd.body for x in [b, *walk(b)])
             other = gd.orelse if inside else gd.body
             found = [x for b in other for x in [b, *walk(b)] if isinstance(x, ast.Call) and x is not clip
-                     and dotted(x.func) == dotted(clip.func) and x.args
-                     and [code(a) for a in x.args[1:]] + [f"{k.arg}={code(k.value)}" for k in x.keywords] == rest]
+                     and dotted(x.func) == dotted(clip.func) and x.args and rest_of(x) == rest]
             if not found:
                 continue
             if len(found) != 1 or "master_params" in code(found[0].args[0]) or \
