@@ -709,7 +709,7 @@ def dead_import_guards(src: Source, model: Model, builder: Builder,
         if not isinstance(t, ast.Try) or t.orelse or t.finalbody or not t.handlers:
             continue
         # a body of constant assignments cannot raise at all: any handler is dead
-        cannot_raise = all(isinstance(x, ast.Pass) or (
+        cannot_raise = all(isinstance(x, ast.Pass) or _extends_path(x) or (
             isinstance(x, ast.Assign) and isinstance(x.value, ast.Constant)
             and all(isinstance(y, ast.Name) for y in x.targets)) for x in t.body)
         if not cannot_raise and not all(
@@ -734,16 +734,73 @@ def dead_import_guards(src: Source, model: Model, builder: Builder,
     return edits
 
 
+def _extends_path(stmt) -> bool:
+    """``sys.path.append("./apex")``, ``sys.path.insert(0, "..")``: a list grows by a constant, which
+    cannot raise."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    call = stmt.value
+    name = dotted(call.func)
+    if call.keywords or not all(isinstance(a, ast.Constant) for a in call.args):
+        return False
+    return (name == "sys.path.append" and len(call.args) == 1) or (name == "sys.path.insert" and len(call.args) == 2)
+
+
+def guard_flags(tree) -> Set[str]:
+    """The flags of the module's guarded apex imports (:func:`true_flags`, :func:`constant_flags`)."""
+    trys = [t for t in walk(tree, into_functions=True) if isinstance(t, ast.Try) and any(imports_apex(x) for x in t.body)]
+    return constant_flags(tree, trys, set().union(*(true_flags(t) for t in trys)))
+
+
+def now_true(tree, flags: Set[str]) -> Set[str]:
+    """Those of ``flags`` that every binding left in the module sets to True: their guard went
+    whole (``has_apex = True`` before ``try: from apex import amp / except ImportError: has_apex
+    = False``, the try removed)."""
+    out = set(flags)
+    for n in walk(tree, into_functions=True):
+        if isinstance(n, ast.Name) and n.id in out and isinstance(n.ctx, (ast.Store, ast.Del)):
+            a = getattr(n, "_p", None)
+            if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and a.targets[0] is n
+                    and is_true(a.value)):
+                out.discard(n.id)
+    return out
+
+
+def is_true(v) -> bool:
+    return isinstance(v, ast.Constant) and v.value is True
+
+
 def true_flags(t: ast.Try) -> Set[str]:
     """``try: from apex import amp; HAS_AMP = True / except ImportError: HAS_AMP = False``: the
-    names the body sets to True and every handler to False (or None)."""
+    names the body sets to True and every handler to False (or None).  ``HAS_AMP = True`` right
+    before the try, which the body does not set again, is the body's too."""
     def consts(stmts, ok) -> Set[str]:
         return {x.targets[0].id for x in stmts if isinstance(x, ast.Assign) and len(x.targets) == 1
                 and isinstance(x.targets[0], ast.Name) and isinstance(x.value, ast.Constant) and x.value.value in ok}
     names = consts(t.body, (True,))
+    owner, _, block = block_of(t)
+    i = next((k for k, x in enumerate(block) if x is t), 0)
+    if owner is not None and i > 0:
+        names |= consts([block[i - 1]], (True,)) - names_bound(t.body)
     for h in t.handlers:
         names &= consts(h.body, (False, None))
     return names
+
+
+def constant_flags(tree, trys: Sequence[ast.Try], flags: Set[str]) -> Set[str]:
+    """Those of ``flags`` (:func:`true_flags` of ``trys``, the guards that go) that nothing binds
+    but those trys and the statements right before them: a flag the code turns off elsewhere
+    (``mixed_precision = False`` on a CPU) is a switch, not a constant."""
+    mine: Set[int] = set()
+    for t in trys:
+        owner, _, block = block_of(t)
+        i = next((k for k, x in enumerate(block) if x is t), 0)
+        mine |= {id(n) for s in ([t] + ([block[i - 1]] if i > 0 else [])) for n in [s, *walk(s, into_functions=True)]}
+    out = set(flags)
+    for n in walk(tree, into_functions=True):
+        if id(n) not in mine and isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.discard(n.id)
+    return out
 
 
 def _truth(test, flags: Set[str]) -> Optional[bool]:
@@ -751,6 +808,12 @@ def _truth(test, flags: Set[str]) -> Optional[bool]:
     when it depends on more (or has side effects that would be lost)."""
     if isinstance(test, ast.Name) and test.id in flags:
         return True
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) and \
+            test.left.id in flags and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) and \
+            isinstance(test.comparators[0], ast.Constant) and isinstance(test.comparators[0].value, bool):
+        # `HAS_AMP is False`, `HAS_AMP == True`
+        same = test.comparators[0].value is True
+        return same if isinstance(test.ops[0], (ast.Is, ast.Eq)) else not same
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         v = _truth(test.operand, flags)
         return None if v is None else not v
@@ -832,6 +895,26 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
             gone.append(node)
             taken.append(node)
             continue
+        if isinstance(node, ast.BoolOp) and not inside_taken(node):
+            text = _folded_operands(src, node, flags)
+            if text is not None:
+                a, b = builder.span(node)
+                parent = getattr(node, "_p", None)
+                if not isinstance(parent, ast.Call) and " " not in text.strip():
+                    # `True if (HAS_AMP and args.amp) else False`: one name left needs no parentheses
+                    i, j = a - 1, b
+                    while i >= 0 and src.text[i] in " \t":
+                        i -= 1
+                    while j < len(src.text) and src.text[j] in " \t":
+                        j += 1
+                    if i >= 0 and j < len(src.text) and src.text[i] == "(" and src.text[j] == ")":
+                        a, b = i, j + 1
+                try:
+                    edits.append(builder.replace_range(a, b, text))
+                except Conflict:
+                    continue
+                taken.append(node)
+            continue
         if not isinstance(node, ast.If) or inside_taken(node):
             continue
         if not any(isinstance(n, ast.Name) and n.id in flags for n in [node.test, *walk(node.test)]):
@@ -858,6 +941,32 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
     if gone:
         edits.extend(Remover(src, model, builder).remove(gone))
     return edits
+
+
+def _folded_operands(src: Source, node: ast.BoolOp, flags: Set[str]) -> Optional[str]:
+    """An ``and`` outside an ``if`` or ``assert`` test (those fold whole) without the operands
+    that are flags, True now: ``enabled=bool(has_apex and args.fp16)`` becomes
+    ``enabled=bool(args.fp16)``.  ``has_apex and x`` is ``x`` wherever it stands; a flag after
+    another operand only drops where the value is only tested (``bool(...)``, ``not``, a
+    conditional's test), since ``x and True`` is True, not ``x``."""
+    if not isinstance(node.op, ast.And):
+        return None
+    parent = getattr(node, "_p", None)
+    if isinstance(parent, (ast.If, ast.Assert, ast.While)) and parent.test is node:
+        return None
+    truth = [_truth(v, flags) is True and pure(v) for v in node.values]
+    if not any(truth) or all(truth):
+        return None
+    lead = next(k for k, t in enumerate(truth) if not t)
+    tested = (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "bool"
+              and parent.args == [node] and not parent.keywords) or \
+        (isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)) or \
+        (isinstance(parent, ast.IfExp) and parent.test is node)
+    if any(truth[lead:]) and not tested:
+        return None
+    keep = [v for v, t in zip(node.values, truth) if not t]
+    return " and ".join(f"({src.code(v)})" if isinstance(v, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr))
+                        else src.code(v) for v in keep)
 
 
 def _unread_flags_go(text: str, path: str, flags: Set[str], star_exports=None) -> str:
@@ -916,6 +1025,7 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
     model = Model(src.tree, star_exports)
     b = Builder(src)
     edits = removal_of_unused(src, model, removes, b) if removes else []
+    guarded = guard_flags(model.tree) if edits else set()
     out = apply_edits(text, edits) if edits else text
     if edits:
         # a guarded import whose imports went: its ImportError handlers are dead code now
@@ -926,7 +1036,8 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
         unwrapped: List[ast.Try] = []
         dead = dead_import_guards(src2, model2, b2, unwrapped)
         # the flags those guards set are constant now: their tests fold
-        flags = set().union(*(true_flags(t) for t in unwrapped))
+        flags = constant_flags(model2.tree, unwrapped, set().union(*(true_flags(t) for t in unwrapped)))
+        flags |= now_true(model2.tree, guarded)
         folded = fold_flags(src2, model2, b2, flags, unwrapped) if flags else []
         if dead or folded:
             out = apply_edits(out, dead + folded)

@@ -15,7 +15,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
-from ampfix.migration.rewriter import none_tests, quoted_as, returns_after, substitute
+from ampfix.migration.rewriter import in_tree, none_tests, quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
@@ -1192,10 +1192,58 @@ class SeedRewrites:
                 if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
                     if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:
                         continue
-                    if any(q.startswith("torch.") or q.startswith("builtins.") for q in sem.qnames(n)):
+                    if any(q.startswith(("torch.", "builtins.", "apex.parallel.")) for q in sem.qnames(n)):
+                        continue  # torch's and apex's wrappers (DistributedDataParallel) build, not run
+                    if self._callee_leaves_unrun(stmt, n, names):
                         continue
                     return True
         return False
+
+    #: methods of a module that do not run its forward
+    _NOT_RUNNING = frozenset({"state_dict", "load_state_dict", "parameters", "named_parameters", "buffers",
+                              "named_buffers", "modules", "named_modules", "children", "named_children",
+                              "eval", "train", "to", "cuda", "cpu", "requires_grad_", "zero_grad"})
+
+    def _callee_leaves_unrun(self, stmt, call: ast.Call, names: Set[str]) -> bool:
+        """``load_state_dict_with_mismatch(model, path)``: a function of the project (not a method)
+        that only reads the model's weights or state through its own methods (``model.state_dict()``,
+        ``model.load_state_dict(...)``, ``isinstance(model, ...)``) and neither calls it nor hands it
+        on: loading weights is not a forward pass."""
+        module = next((m for m in self.p.modules.values() if m.src.tree is not None and in_tree(stmt, m.tree)), None)
+        if module is None:
+            return False
+        f, bound = self.p.resolve(module, call.func)
+        if f is None or bound or f.is_method or f.vararg or f.kwarg:
+            return False
+        params = set()
+        for i, a in enumerate(call.args):
+            if isinstance(a, ast.Starred):
+                return False
+            if dotted(a) in names:
+                if i >= len(f.positional):
+                    return False
+                params.add(f.positional[i])
+        for k in call.keywords:
+            if k.arg is None:
+                return False
+            if dotted(k.value) in names:
+                params.add(k.arg)
+        if not params:
+            return False
+        for x in walk(f.node, into_functions=True):
+            if not (isinstance(x, ast.Name) and x.id in params):
+                continue
+            if not isinstance(x.ctx, ast.Load):
+                return False
+            p = getattr(x, "_p", None)
+            if isinstance(p, ast.Attribute) and p.attr in self._NOT_RUNNING and \
+                    isinstance(getattr(p, "_p", None), ast.Call) and p._p.func is p:
+                continue
+            if isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("isinstance", "hasattr") \
+                    and p.args and p.args[0] is x:
+                continue
+            return False
+        return True
 
     def _amp_init(self, s: Seed) -> None:
         """apex's first API, ``handle = amp.init(enabled=...)``: it patched torch for the rest of the

@@ -1,0 +1,211 @@
+"""Thirty-second round: the flags that said whether apex was installed, read as a reviewer reads a
+diff.
+
+apex is found with a flag (``has_apex = True`` before ``try: from apex import amp / except
+ImportError: has_apex = False``, or ``apex_support = False`` before a try whose body sets it
+True), and the flag gates mixed precision (``if has_apex and args.fp16:``).  Once the migration
+takes apex out, native AMP is always there: the flag is True for good.  The migrated code kept
+it (``enabled=bool(has_apex and args.fp16)``, ``if has_apex: <a> else: <b>``, ``apex_support =
+False`` followed by ``apex_support = True``): dead code a reviewer would ask to remove.  The
+flag now folds wherever it is read (``enabled=bool(args.fp16)``, the ``if`` becomes its branch,
+``if args.fp16 and (has_apex is False): raise`` goes) and goes once nothing reads it.  A flag
+that the code also turns off elsewhere (``mixed_precision = False`` on a CPU) is a switch, not
+an availability test: it stays.  A ``sys.path.append("./apex")`` in the guard no longer keeps
+its bare ``except:`` alive (a constant appended to a list cannot raise).
+
+An evaluation script's autocast region began at ``model = DistributedDataParallel(model)`` (apex's
+wrapper, not counted as torch's) and took in a project helper that loads weights into the model
+(``load_state_dict_with_mismatch(model, path)``): neither runs the forward.  apex's wrappers are
+skipped as torch's are, and a project function that only reaches the model through its own
+non-running methods (``state_dict``, ``load_state_dict``, ``parameters``, ``eval``, ``to`` ...) or
+``isinstance`` does not start a region.
+"""
+from test_round17_shapes import run, write
+
+TRAIN = '''\
+import sys
+
+import torch
+import torch.nn as nn
+
+has_apex = True
+try:
+    from apex import amp
+except ImportError:
+    has_apex = False
+
+
+def set_syncbn(net):
+    if has_apex:
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    else:
+        net = nn.BatchNorm1d(4)
+    return net
+
+
+def main(args):
+    model = torch.nn.Linear(4, 4).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if has_apex and args.fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    if args.fp16 and (has_apex is False):
+        raise ImportError("install apex")
+    for _ in range(3):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        if has_apex and args.fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+'''
+
+SIMCLR = '''\
+import sys
+
+import torch
+
+apex_support = False
+try:
+    sys.path.append("./apex")
+    from apex import amp
+
+    apex_support = True
+except:
+    print("Please install apex for mixed precision training")
+    apex_support = False
+
+
+def main(fp16):
+    model = torch.nn.Linear(4, 4).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if apex_support and fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+    for _ in range(3):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        if apex_support and fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+'''
+
+
+def _migrated(tmp_path, text, *extra):
+    write(tmp_path, {"train.py": text})
+    out = run(tmp_path, "--write", "-q", *extra)
+    assert out.exit_code == 0, out.output
+    return (tmp_path / "train.py").read_text()
+
+
+def test_a_flag_set_before_the_guard_folds_and_goes(tmp_path):
+    text = _migrated(tmp_path, TRAIN)
+    compile(text, "train.py", "exec")
+    assert "apex" not in text and "has_apex" not in text, text
+    assert 'torch.amp.GradScaler("cuda", enabled=bool(args.fp16))' in text, text
+    assert 'enabled=bool(args.fp16)):\n            loss = model(' in text, text
+    # the apex branch is the one that runs now; the other is gone with the test
+    assert "    net = nn.SyncBatchNorm.convert_sync_batchnorm(net)\n    return net\n" in text, text
+    assert "BatchNorm1d" not in text, text
+    # the check that apex was installed is gone with it
+    assert "raise ImportError" not in text, text
+
+
+def test_a_flag_the_guard_sets_and_a_path_append(tmp_path):
+    text = _migrated(tmp_path, SIMCLR)
+    compile(text, "train.py", "exec")
+    assert "apex_support" not in text and "amp.initialize" not in text and "scale_loss" not in text, text
+    assert "enabled=bool(fp16)" in text, text
+    # no bare `except:` left behind, nor its message about installing apex
+    assert "except" not in text and "Please install apex" not in text, text
+
+
+def test_a_flag_turned_off_elsewhere_is_a_switch(tmp_path):
+    # `mixed_precision = False` on a CPU: the flag is not a constant once apex is gone
+    switched = TRAIN.replace("has_apex", "mixed_precision") + '''
+
+if __name__ == "__main__":
+    import argparse
+    args = argparse.Namespace(fp16=True, cpu=False)
+    if args.cpu:
+        mixed_precision = False
+    main(args)
+'''
+    text = _migrated(tmp_path, switched)
+    compile(text, "train.py", "exec")
+    assert "enabled=bool(mixed_precision and args.fp16)" in text, text
+    assert "mixed_precision = True\n" in text and "if mixed_precision:" in text, text
+
+
+def test_flags_fold_with_bfloat16(tmp_path):
+    text = _migrated(tmp_path, TRAIN, "--dtype", "bfloat16")
+    assert "has_apex" not in text and "GradScaler" not in text, text
+    assert "dtype=torch.bfloat16, enabled=bool(args.fp16)" in text, text
+
+
+# An evaluation script (round32's Text-Proxy): apex initialized the model and an optimizer that
+# nothing trains, then the model is wrapped in apex's DDP and its weights loaded by a helper of the
+# project, then evaluated.  The autocast region began at the DDP wrapping and took in the weight
+# loading: neither runs the model.  Only the evaluation runs under autocast now.
+EVAL = '''\
+import torch
+from apex import amp
+from apex.parallel import DistributedDataParallel
+
+from utils import load_weights, validate
+
+
+def start_eval(cfg):
+    model = torch.nn.Linear(4, 4).cuda()
+    model, = amp.initialize([model], opt_level="O1")
+    model = DistributedDataParallel(model)
+    if cfg.weights:
+        print("loading", cfg.weights)
+        load_weights(model, cfg.weights)
+    validate(model, cfg)
+'''
+
+UTILS = '''\
+import torch
+
+
+def load_weights(model, path):
+    state = torch.load(path, map_location="cpu")
+    keys = set(model.state_dict().keys())
+    if isinstance(model, torch.nn.Module):
+        model.load_state_dict({k: v for k, v in state.items() if k in keys}, strict=False)
+
+
+def validate(model, cfg):
+    model.eval()
+    with torch.no_grad():
+        return model(torch.randn(2, 4, device="cuda")).sum()
+'''
+
+
+def test_loading_weights_is_not_a_forward(tmp_path):
+    write(tmp_path, {"eval.py": EVAL, "utils.py": UTILS})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "eval.py").read_text()
+    compile(text, "eval.py", "exec")
+    assert "apex" not in text, text
+    assert ("    model = torch.nn.parallel.DistributedDataParallel(model)\n"
+            "    if cfg.weights:\n") in text, text
+    assert ('    with torch.autocast("cuda", dtype=torch.float16):\n'
+            '        validate(model, cfg)\n') in text, text
+    assert text.count("torch.autocast") == 1, text
+
+
+def test_a_helper_that_runs_the_model_is_a_forward(tmp_path):
+    # the same helper, but it calls the model: the region starts there, as before
+    runs = UTILS.replace("        model.load_state_dict({k: v for k, v in state.items() if k in keys}, strict=False)\n",
+                         "        model.load_state_dict({k: v for k, v in state.items() if k in keys}, strict=False)\n"
+                         "    model(torch.zeros(1, 4, device=\"cuda\"))\n")
+    write(tmp_path, {"eval.py": EVAL, "utils.py": runs})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "eval.py").read_text()
+    assert ('    with torch.autocast("cuda", dtype=torch.float16):\n'
+            '        if cfg.weights:\n') in text, text
