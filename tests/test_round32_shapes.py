@@ -209,3 +209,118 @@ def test_a_helper_that_runs_the_model_is_a_forward(tmp_path):
     text = (tmp_path / "eval.py").read_text()
     assert ('    with torch.autocast("cuda", dtype=torch.float16):\n'
             '        if cfg.weights:\n') in text, text
+
+
+# A step whose batch goes through a helper of the project that only moves tensors to the device
+# (``batch = move_to_cuda(batch)``, recursing through dicts and lists): the autocast region began
+# there; it begins at the forward now, as it does after ``batch = batch.cuda()``.  The two loops,
+# each with its step, had one ``scaler.update()`` after both: the second iteration's
+# ``scaler.step`` would raise (the first step was never updated); each loop updates now.
+MOVERS = '''\
+import torch
+
+
+def move_to_cuda(sample):
+    if len(sample) == 0:
+        return {}
+
+    def _move(x):
+        if torch.is_tensor(x):
+            return x.cuda()
+        elif isinstance(x, dict):
+            return {k: _move(v) for k, v in x.items()}
+        elif isinstance(x, list):
+            return [_move(v) for v in x]
+        return x
+
+    return _move(sample)
+
+
+def log_and_move(sample, log):
+    log.append(len(sample))
+    return move_to_cuda(sample)
+'''
+
+STEP = '''\
+import torch
+from apex import amp
+
+from movers import log_and_move, move_to_cuda
+
+
+class State:
+    def __init__(self, model):
+        self.model = model
+
+
+def train(model, optimizer, loader, log):
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    state = State(model)
+    for batch in loader:
+        batch = move_to_cuda(batch)
+        loss = state.model(batch["x"]).sum()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for batch in loader:
+        batch = log_and_move(batch, log)
+        loss = state.model(batch["x"]).sum()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+'''
+
+
+def test_a_helper_that_only_moves_the_batch_is_preparation(tmp_path):
+    write(tmp_path, {"movers.py": MOVERS, "train.py": STEP})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    compile(text, "train.py", "exec")
+    assert ('        batch = move_to_cuda(batch)\n'
+            '        with torch.autocast("cuda", dtype=torch.float16):\n'
+            '            loss = state.model(batch["x"]).sum()\n') in text, text
+    # a helper that does more (it appends to a list it was given) is not known to only move
+    assert ('        with torch.autocast("cuda", dtype=torch.float16):\n'
+            '            batch = log_and_move(batch, log)\n') in text, text
+    # each loop steps and updates: one update after both loops made the second step raise
+    assert text.count("        scaler.step(optimizer)\n        scaler.update()\n") == 2, text
+
+
+# An inference script whose model runs inside a ``while True:`` read-eval loop (a prompt, the
+# encoding, a search, a print): the region wrapped the whole loop, prompt and printing included.
+# It wraps the forward in the loop's body now, with the loss computed from its output right
+# after it (a loss runs in float32 under autocast, as apex's O1 ran it).
+REPL = '''\
+import torch
+from apex import amp
+
+model = torch.nn.Linear(4, 4).cuda()
+criterion = torch.nn.MSELoss()
+model = amp.initialize(model, opt_level="O1")
+model.eval()
+while True:
+    text = input("query: ")
+    x = torch.randn(2, 4, device="cuda")
+    y = model(x)
+    err = criterion(y, x)
+    hits = y.float().cpu().numpy()
+    print(text, hits, err.item())
+'''
+
+
+def test_an_inference_loop_wraps_its_forward_not_the_loop(tmp_path):
+    write(tmp_path, {"repl.py": REPL})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "repl.py").read_text()
+    compile(text, "repl.py", "exec")
+    assert ('while True:\n'
+            '    text = input("query: ")\n'
+            '    x = torch.randn(2, 4, device="cuda")\n'
+            '    with torch.autocast("cuda", dtype=torch.float16):\n'
+            '        y = model(x)\n'
+            '        err = criterion(y, x)\n'
+            '    hits = y.float().cpu().numpy()\n') in text, text

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Set
 
-from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, read, stmt_of
+from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, loss_from, read, stmt_of
 from ampfix.migration.seeds import Seed, calls_model
 from ampfix.migration.spell import autocast_call, bf16, disj
 from ampfix.model.analysis import method_call
@@ -141,7 +141,7 @@ class EvaluationRewrites:
             owner, field, block = block_of(st)
             i = next(k for k, x in enumerate(block) if x is st)
             j, made = i, assigned(st)
-            while j + 1 < len(block) and self._loss_of(block[j + 1], made):
+            while j + 1 < len(block) and loss_from(block[j + 1], made):
                 j += 1
                 made |= assigned(block[j])
             while i == 0 and j == len(block) - 1 and owner is not unit and self._no_grad_with(owner) is owner:
@@ -199,18 +199,6 @@ class EvaluationRewrites:
                 if not (isinstance(x.ctx, ast.Load) and isinstance(p, ast.Call) and p.func is x):
                     return False
         return True
-
-    @staticmethod
-    def _loss_of(st, made: Set[str]) -> bool:
-        """``st`` computes from ``made`` (the forward's output) by calling a function on it
-        (``loss = criterion(out, y)``), not a method of it, and hands nothing to the host."""
-        if not isinstance(st, ast.Assign) or not read(st.value) & made:
-            return False
-        calls = [x for x in [st.value, *walk(st.value)] if isinstance(x, ast.Call)]
-        if any(method_call(x, "item", "cpu", "numpy", "tolist") for x in calls):
-            return False
-        return any(isinstance(x.func, ast.Name) or (isinstance(x.func, ast.Attribute) and
-                   (dotted(x.func.value) or "").split(".")[0] not in made) for x in calls)
 
     @staticmethod
     def _given(cs, models: Set[str]) -> Set[str]:

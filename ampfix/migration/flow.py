@@ -284,6 +284,46 @@ def prep_function(f) -> bool:
                               for x in body)
 
 
+def loss_from(st, made: Set[str]) -> bool:
+    """``st`` computes from ``made`` (a forward's output) by calling a function on it
+    (``loss = criterion(out, y)``), not a method of it, and hands nothing to the host: it belongs
+    in the forward's autocast region (losses run in float32 there)."""
+    if not isinstance(st, ast.Assign) or not read(st.value) & made:
+        return False
+    calls = [x for x in [st.value, *walk(st.value)] if isinstance(x, ast.Call)]
+    if any(method_call(x, "item", "cpu", "numpy", "tolist") for x in calls):
+        return False
+    return any(isinstance(x.func, ast.Name) or (isinstance(x.func, ast.Attribute) and
+               (dotted(x.func.value) or "").split(".")[0] not in made) for x in calls)
+
+
+def mover_function(f) -> bool:
+    """``move_to_cuda(sample)``: a function that only walks its input (dicts, lists, tuples) and
+    moves or casts the tensors in it, calling nothing but those methods, builtins that look and
+    build, and itself or the functions nested in it.  It reads no global but torch."""
+    own = {f.name} | {x.name for x in walk(f, into_functions=True) if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    local = own | {a.arg for x in [f, *walk(f, into_functions=True)] if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for a in [*x.args.posonlyargs, *x.args.args, *x.args.kwonlyargs]}
+    for n in walk(f, into_functions=True):
+        if isinstance(n, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await, ast.Lambda)):
+            return False
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            local.add(n.id)
+    for n in walk(f, into_functions=True):
+        if isinstance(n, ast.Call):
+            if isinstance(n.func, ast.Attribute) and n.func.attr in PREP_METHODS and dotted(n.func.value) != "torch":
+                continue
+            if isinstance(n.func, ast.Name) and (n.func.id in PREP_BUILTINS or n.func.id in own):
+                continue
+            if dotted(n.func) in TORCH_PREP:
+                continue
+            return False
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local and \
+                n.id not in PREP_BUILTINS and n.id not in ("torch", "dict", "list", "tuple", "None", "True", "False"):
+            return False
+    return True
+
+
 class Region:
     """Statements ``first``..``last`` of one block: the forward pass that computes a loss."""
 

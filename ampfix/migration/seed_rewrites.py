@@ -10,7 +10,8 @@ from ampfix.model.analysis import (is_const, is_log_call, kwargs, method_call, n
                                    string_value)
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, read,
+    OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, loss_from,
+    read,
     stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
@@ -1075,15 +1076,7 @@ class SeedRewrites:
             while touching and self._only_configures(block[touching[0]], model_names):
                 touching.pop(0)
             if touching:
-                # one region per run of statements that run the model: what lies between two runs
-                # (results written to files, logging) stays outside
-                regions = []
-                for j in touching:
-                    if regions and (j == regions[-1][1] + 1 or all(
-                            self._blank_between(block[k]) for k in range(regions[-1][1] + 1, j))):
-                        regions[-1] = (regions[-1][0], j)
-                    else:
-                        regions.append((j, j))
+                regions = self._narrowed(block, self._runs(block, touching), held, model_names)
                 if level is not levels[-1] and not moved:
                     # inside every `if` the scaler's condition folded in: only the options' own
                     cond = enabled
@@ -1095,14 +1088,56 @@ class SeedRewrites:
         if returned and not any(
                 isinstance(n, ast.Call) and (dotted(n.func) in names or (
                     not isinstance(n.func, ast.Attribute) and any(dotted(a) in names for a in n.args)))
-                for i, j in regions for st in block[i:j + 1] for n in [st, *walk(st)]):
+                for b, i, j in regions for st in b[i:j + 1] for n in [st, *walk(st)]):
             # allennlp's `Model._load`: nothing here runs the model (`model.extend_embedder_vocab()`);
             # apex's casting reached its forward passes in the callers, which a region here misses
             raise Refuse(f"the model initialized at line {s.use.line} for inference is returned: its forward passes "
                          "run in the callers; wrap them in torch.autocast by hand")
-        for i, j in regions:
-            self._add_region(s.module, block, i, j, autocast_call(self.s, cond))
+        for b, i, j in regions:
+            self._add_region(s.module, b, i, j, autocast_call(self.s, cond))
         self.g.note_at_anchor = "inference: the model's forward runs under autocast (no GradScaler: nothing trains)"
+
+    def _runs(self, block, touching: List[int]) -> List[Tuple[int, int]]:
+        """One region per run of statements that run the model: what lies between two runs
+        (results written to files, logging) stays outside."""
+        regions: List[Tuple[int, int]] = []
+        for j in touching:
+            if regions and (j == regions[-1][1] + 1 or all(
+                    self._blank_between(block[k]) for k in range(regions[-1][1] + 1, j))):
+                regions[-1] = (regions[-1][0], j)
+            else:
+                regions.append((j, j))
+        return regions
+
+    def _narrowed(self, block, runs, held: Set[str], model_names: Set[str]) -> List[tuple]:
+        """(block, first, last) for each run; a run that is one loop (``while True: q = input();
+        ... emb = model.encode(q); ... print(hits)``) gives the runs in its body instead, so that the
+        prompt, the search and the printing stay outside autocast as a person would write it."""
+        out = []
+        for i, j in runs:
+            loop = block[i]
+            if i == j and isinstance(loop, (ast.For, ast.While)) and not loop.orelse:
+                inner_held = set(held)
+                touching = []
+                for k, x in enumerate(loop.body):
+                    if self._uses_model(x, inner_held) or self._calls_on(x, inner_held - model_names):
+                        touching.append(k)
+                    inner_held |= self._holders(x, inner_held)
+                while touching and self._only_configures(loop.body[touching[0]], model_names):
+                    touching.pop(0)
+                if touching:
+                    runs = []
+                    for a, b in self._runs(loop.body, touching):
+                        # with the loss computed from the forward's outputs right after it
+                        made = set().union(*(assigned(x) for x in loop.body[a:b + 1]))
+                        while b + 1 < len(loop.body) and loss_from(loop.body[b + 1], made):
+                            b += 1
+                            made |= assigned(loop.body[b])
+                        runs.append((a, b))
+                    out.extend(self._narrowed(loop.body, runs, inner_held, model_names))
+                    continue
+            out.append((block, i, j))
+        return out
 
     def _optimizer_made_for_apex_goes(self, s: Seed) -> None:
         """An evaluation script that built an optimizer only to hand it to ``amp.initialize``

@@ -15,7 +15,8 @@ from ampfix.model.apex import (
 )
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, prep_function, read,
+    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, mover_function, prep_function,
+    read,
     stmt_of,
 )
 from ampfix.migration.spell import autocast_call
@@ -271,7 +272,7 @@ class UseRewrites:
         if self._under_autocast(site):
             return
         region, missing = forward_region(site, loss, unit, barriers, self._models(u.module, func),
-                                         prep_calls=_prep_methods(func))
+                                         prep_calls=_prep_methods(func) | self._movers_called(u.module, unit))
         header = autocast_call(self.s, self._autocast_enabled(u.module, func, c))
         if region is not None and func is not None and self._only_rescales(region, loss, func):
             # `loss = loss / accumulation` on a parameter: the forward pass is in the callers
@@ -298,6 +299,18 @@ class UseRewrites:
                          f"{u.line}: wrap its forward pass in {header} by hand")
         param = next(iter(missing_params))
         self._regions_in_callers(u, func, param)
+
+    def _movers_called(self, module, unit) -> Set[str]:
+        """The project's functions called by name in ``unit`` that only move their input to the
+        device (:func:`~ampfix.migration.flow.mover_function`: ``batch = move_to_cuda(batch)``):
+        input preparation, which a region does not start with."""
+        out: Set[str] = set()
+        for n in walk(unit):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in out:
+                f, bound = self.p.resolve(module, n.func)
+                if f is not None and not bound and f.cls is None and mover_function(f.node):
+                    out.add(n.func.id)
+        return out
 
     def _trim_backward_calls(self, module, region) -> None:
         """Leading statements of a region that call a project function running a backward of its
@@ -671,14 +684,21 @@ class UseRewrites:
     def _update_anchors(steps, unit) -> List[tuple]:
         """Where ``scaler.update()`` goes: once after the steps of each path that steps (steps in
         other branches of an ``if``, `if accumulating: ... step ... else: step`, each get their
-        own), after the statement that holds every step of the path (``opt1.step(); if c:
+        own, and so do steps in different loops), after the statement that holds every step of the path (``opt1.step(); if c:
         opt2.step()``: after the ``if``, so a path that skips the second step updates too).
         Pairs of (the path's last step, the statement to insert after)."""
         left = sorted(steps, key=lambda n: (n.lineno, n.col_offset))
+
+        def loops(n) -> List[int]:
+            return [id(x) for x in loops_around(stmt_of(n), unit)]
+
         out = []
         while left:
             last = left[-1]
-            path = [s for s in left if not exclusive(stmt_of(s), stmt_of(last), unit)]
+            # steps in other loops (two training loops one after the other, a step in the epoch
+            # loop after the batch loop's) repeat apart: each loop's needs its own update, or the
+            # second iteration's step finds the first's not updated (GradScaler raises)
+            path = [s for s in left if not exclusive(stmt_of(s), stmt_of(last), unit) and loops(s) == loops(last)]
             left = [s for s in left if s not in path]
             anchor = stmt_of(last)
             chains = [[stmt_of(s), *ancestors_stmts(stmt_of(s), unit)] for s in path]
