@@ -92,6 +92,9 @@ ENTRIES = {
     # `amp` unbound without it), the step's apex branch the `else` of `if scaler is not None`: the
     # handler is what runs now, and the apex branch goes
     "fallback_try": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp"]],
+    # two training loops stepping one optimizer (each updates the scaler after its step), apex
+    # found by a flag set before its guard (the flag folds and goes), batches moved by a helper
+    "two_loops": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # training and an inline evaluation in one function (the evaluation's forward and loss run
     # under autocast too); apex's DDP pre-divided by a project helper imported for it alone (the
     # import goes with the argument)
