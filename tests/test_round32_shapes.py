@@ -11,7 +11,8 @@ flag now folds wherever it is read (``enabled=bool(args.fp16)``, the ``if`` beco
 ``if args.fp16 and (has_apex is False): raise`` goes) and goes once nothing reads it.  A flag
 that the code also turns off elsewhere (``mixed_precision = False`` on a CPU) is a switch, not
 an availability test: it stays.  A ``sys.path.append("./apex")`` in the guard no longer keeps
-its bare ``except:`` alive (a constant appended to a list cannot raise).
+its bare ``except:`` alive (a constant appended to a list cannot raise).  An ``if`` on the flag
+whose body only reports apex's use (``logging.debug("Using apex for fp16")``) goes with apex.
 
 An evaluation script's autocast region began at ``model = DistributedDataParallel(model)`` (apex's
 wrapper, not counted as torch's) and took in a project helper that loads weights into the model
@@ -81,6 +82,10 @@ def main(fp16):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     if apex_support and fp16:
         model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+    if apex_support and fp16:
+        print("Using apex for fp16 precision training.")
+    if apex_support and fp16:
+        print("mixed precision on")
     for _ in range(3):
         loss = model(torch.randn(2, 4, device="cuda")).sum()
         if apex_support and fp16:
@@ -119,6 +124,9 @@ def test_a_flag_the_guard_sets_and_a_path_append(tmp_path):
     assert "enabled=bool(fp16)" in text, text
     # no bare `except:` left behind, nor its message about installing apex
     assert "except" not in text and "Please install apex" not in text, text
+    # a message that apex is used goes with apex; one that does not speak of it stays
+    assert "Using apex" not in text, text
+    assert '    if fp16:\n        print("mixed precision on")\n' in text, text
 
 
 def test_a_flag_turned_off_elsewhere_is_a_switch(tmp_path):

@@ -920,6 +920,12 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
         if not any(isinstance(n, ast.Name) and n.id in flags for n in [node.test, *walk(node.test)]):
             continue
         v = _truth(node.test, flags)
+        if not node.orelse and node.body and all(_reports_apex(x) for x in node.body) and pure(node.test):
+            # `if apex_support and args.fp16: logging.debug("Using apex for fp16")`: it reported
+            # apex's use, which is gone
+            gone.append(node)
+            taken.append(node)
+            continue
         try:
             if v is True:
                 edits.append(builder.unwrap(node, node.body))
