@@ -332,3 +332,52 @@ def test_an_inference_loop_wraps_its_forward_not_the_loop(tmp_path):
             '        y = model(x)\n'
             '        err = criterion(y, x)\n'
             '    hits = y.float().cpu().numpy()\n') in text, text
+
+
+# The evaluation script built its optimizer only to hand it to apex's initialize, with a builder
+# imported from a module of the project: the optimizer stayed, assigned and never used (a
+# reviewer's "unused variable").  It goes with its import where importing that module only binds
+# names; where the module runs code when imported, the import and the optimizer stay.
+EVAL_OPT = '''\
+import torch
+from apex import amp
+
+from builders import build_optimizer
+
+
+def evaluate(model, x):
+    optimizer = build_optimizer(model)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    model.eval()
+    with torch.no_grad():
+        return model(x).sum()
+'''
+
+BUILDERS = '''\
+import torch
+
+
+def build_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+'''
+
+
+def test_an_optimizer_built_only_for_apex_goes_with_its_import(tmp_path):
+    write(tmp_path, {"evaluate.py": EVAL_OPT, "builders.py": BUILDERS})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "evaluate.py").read_text()
+    compile(text, "evaluate.py", "exec")
+    assert "optimizer" not in text and "build_optimizer" not in text, text
+    assert ('    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):\n'
+            '        return model(x).sum()\n') in text, text
+
+
+def test_an_optimizer_whose_builder_module_runs_code_stays(tmp_path):
+    noisy = BUILDERS + 'print("builders imported")\n'
+    write(tmp_path, {"evaluate.py": EVAL_OPT, "builders.py": noisy})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "evaluate.py").read_text()
+    assert "from builders import build_optimizer\n" in text, text
+    assert "    optimizer = build_optimizer(model)\n" in text, text

@@ -1159,12 +1159,14 @@ class SeedRewrites:
         if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is stores[0]
                 and any(x is st for x in block) and st.lineno < s.stmt.lineno):
             return
-        # only where what builds it goes unnoticed: torch's optimizers, a function of this module (a
-        # builder imported from another module would leave its import unused, and that import may
-        # have to stay: importing a module runs it)
+        # only where what builds it goes unnoticed: torch's optimizers, a function of this module, or
+        # one imported from a project module whose import only binds names (its import goes too,
+        # read by nothing else; another module's import may have to stay: importing it runs it)
         for n in [st.value, *walk(st.value)]:
             if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) or any(
-                    b.kind in ("def", "class") or (b.qname or "").startswith("torch.")
+                    b.kind in ("def", "class") or (b.qname or "").startswith("torch.") or (
+                        b.kind == "import" and isinstance(b.node, ast.ImportFrom) and not b.node.level
+                        and len(b.node.names) == 1 and self.p.import_is_quiet(b.node.module or ""))
                     for b in (s.module.sem.bindings_of(n.func) if isinstance(n.func, ast.Name) else []))):
                 return
         self.fc(s.module).remove(st)
