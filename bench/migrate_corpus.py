@@ -50,6 +50,42 @@ FP16 = ("AMP102",)
 SELF = ("AMP106", "AMP203", "AMP204", "AMP205", "AMP206", "AMP207", "AMP211", "AMP212", "AMP213", "AMP214")
 
 
+def steps_without_update(text: str) -> list:
+    """Lines of a ``scaler.step(opt)`` in a loop whose body calls no scaler's ``update()``: its next
+    iteration steps again before an update, and GradScaler raises ("step() has already been called
+    since the last update()").  A step of each optimizer in a loop over them (``for opt in opts:
+    scaler.step(opt)``, the update after the loop) is not one."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    parent = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+
+    def scaler_call(n, attr) -> bool:
+        return isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr and \
+            "scaler" in ast.unparse(n.func.value).lower()
+
+    out = []
+    for n in ast.walk(tree):
+        if not scaler_call(n, "step"):
+            continue
+        p = parent.get(n)
+        while p is not None and not isinstance(p, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef,
+                                                   ast.AsyncFunctionDef, ast.Lambda)):
+            p = parent.get(p)
+        if not isinstance(p, (ast.For, ast.AsyncFor, ast.While)):
+            continue
+        if isinstance(p, (ast.For, ast.AsyncFor)):
+            targets = {x.id for x in ast.walk(p.target) if isinstance(x, ast.Name)}
+            if any(isinstance(x, ast.Name) and x.id in targets for a in n.args for x in ast.walk(a)):
+                continue  # one step per optimizer of a loop over them
+        if not any(scaler_call(x, "update") for st in p.body for x in ast.walk(st)):
+            out.append(n.lineno)
+    return out
+
+
 def unused_scalers(text: str) -> list:
     """Lines where a GradScaler is bound to a name that its function (or module) never reads: dead
     code a migration must not leave (issue 21 §3)."""
@@ -507,6 +543,8 @@ def side(mods, fls):
         "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
         "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
         "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
+        "files where a loop steps the scaler again before its update":
+            sum(bool(f.get("steps_without_update")) for f in fls),
         "files handing a bfloat16 output to numpy": sum(bool(f.get("bf16_to_numpy")) for f in fls),
         "files with an undefined name added": sum(bool(f.get("undefined_names")) for f in fls),
         "files with debris added (unused local, import, redefinition)": sum(bool(f.get("debris")) for f in fls),
@@ -644,6 +682,8 @@ def main(argv=None) -> int:
             dead = dead if len(dead) > len(unused_scalers(text_before)) else []
             maybe_none = none_scaler_calls(text_after) if changed and compiles else []
             maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
+            restep = steps_without_update(text_after) if changed and compiles else []
+            restep = restep if len(restep) > len(steps_without_update(text_before)) else []
             to_numpy = bf16_numpy(text_after) if changed and compiles and args.dtype == "bfloat16" else []
             to_numpy = to_numpy if len(to_numpy) > len(bf16_numpy(text_before)) else []
             added = (flakes(text_after) - flakes(text_before)) if changed and compiles else Counter()
@@ -658,9 +698,10 @@ def main(argv=None) -> int:
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
                           "required_not_passed": not_passed, "required_callers_not_found": not_found,
-                          "required_maybe_not_passed": named_not_passed, "bf16_to_numpy": to_numpy})
+                          "required_maybe_not_passed": named_not_passed, "bf16_to_numpy": to_numpy,
+                          "steps_without_update": restep})
             ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
-                  and not not_passed and not to_numpy)
+                  and not not_passed and not to_numpy and not restep)
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:
