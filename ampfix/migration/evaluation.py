@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Set
 
-from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, loss_from, read, stmt_of
+from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, loss_from, stmt_of
 from ampfix.migration.seeds import Seed, calls_model
 from ampfix.migration.spell import autocast_call, bf16, disj
 from ampfix.model.analysis import method_call
