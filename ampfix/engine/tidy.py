@@ -748,7 +748,8 @@ def _extends_path(stmt) -> bool:
 
 def guard_flags(tree) -> Set[str]:
     """The flags of the module's guarded apex imports (:func:`true_flags`, :func:`constant_flags`)."""
-    trys = [t for t in walk(tree, into_functions=True) if isinstance(t, ast.Try) and any(imports_apex(x) for x in t.body)]
+    trys = [t for t in walk(tree, into_functions=True)
+            if isinstance(t, ast.Try) and any(imports_apex(x) for x in t.body)]
     return constant_flags(tree, trys, set().union(*(true_flags(t) for t in trys)))
 
 

@@ -301,9 +301,9 @@ def mover_function(f) -> bool:
     """``move_to_cuda(sample)``: a function that only walks its input (dicts, lists, tuples) and
     moves or casts the tensors in it, calling nothing but those methods, builtins that look and
     build, and itself or the functions nested in it.  It reads no global but torch."""
-    own = {f.name} | {x.name for x in walk(f, into_functions=True) if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    local = own | {a.arg for x in [f, *walk(f, into_functions=True)] if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   for a in [*x.args.posonlyargs, *x.args.args, *x.args.kwonlyargs]}
+    defs = [x for x in [f, *walk(f, into_functions=True)] if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    own = {x.name for x in defs}
+    local = own | {a.arg for x in defs for a in [*x.args.posonlyargs, *x.args.args, *x.args.kwonlyargs]}
     for n in walk(f, into_functions=True):
         if isinstance(n, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await, ast.Lambda)):
             return False

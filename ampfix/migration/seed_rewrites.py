@@ -10,9 +10,8 @@ from ampfix.model.analysis import (is_const, is_log_call, kwargs, method_call, n
                                    string_value)
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
-    OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around, loss_from,
-    read,
-    stmt_of, terminates,
+    OPTIMIZERS, ancestors_stmts, assigned, assigned_in, code_body, dominates, guards, is_main_guard, loops_around,
+    loss_from, read, stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk

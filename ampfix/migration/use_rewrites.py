@@ -15,9 +15,8 @@ from ampfix.model.apex import (
 )
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
-    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, mover_function, prep_function,
-    read,
-    stmt_of,
+    ancestors_stmts, assigned, code_body, dominates, follows, forward_region, guards, loops_around, mover_function,
+    prep_function, read, stmt_of,
 )
 from ampfix.migration.spell import autocast_call
 from ampfix.rule import ImportSpec
@@ -684,8 +683,9 @@ class UseRewrites:
     def _update_anchors(steps, unit) -> List[tuple]:
         """Where ``scaler.update()`` goes: once after the steps of each path that steps (steps in
         other branches of an ``if``, `if accumulating: ... step ... else: step`, each get their
-        own, and so do steps in different loops), after the statement that holds every step of the path (``opt1.step(); if c:
-        opt2.step()``: after the ``if``, so a path that skips the second step updates too).
+        own, and so do steps in different loops), after the statement that holds every step of
+        the path (``opt1.step(); if c: opt2.step()``: after the ``if``, so a path that skips the
+        second step updates too).
         Pairs of (the path's last step, the statement to insert after)."""
         left = sorted(steps, key=lambda n: (n.lineno, n.col_offset))
 
