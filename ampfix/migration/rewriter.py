@@ -184,11 +184,14 @@ class Rewriter:
 
         return enclosing_autocast(self._sem_of(stmt), stmt) is not None
 
-    def _sem_of(self, node):
+    def _module_of(self, node):
         for m in self.p.modules.values():
             if m.src.tree is not None and in_tree(node, m.tree):
-                return m.sem
+                return m
         raise Refuse("internal: node without a module")
+
+    def _sem_of(self, node):
+        return self._module_of(node).sem
 
     @staticmethod
     def _kind(stmt, module):

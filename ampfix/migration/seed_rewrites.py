@@ -15,7 +15,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
-from ampfix.migration.rewriter import in_tree, none_tests, quoted_as, returns_after, substitute
+from ampfix.migration.rewriter import none_tests, quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
@@ -1125,15 +1125,15 @@ class SeedRewrites:
                 while touching and self._only_configures(loop.body[touching[0]], model_names):
                     touching.pop(0)
                 if touching:
-                    runs = []
-                    for a, b in self._runs(loop.body, touching):
+                    inner = []
+                    for first, last in self._runs(loop.body, touching):
                         # with the loss computed from the forward's outputs right after it
-                        made = set().union(*(assigned(x) for x in loop.body[a:b + 1]))
-                        while b + 1 < len(loop.body) and loss_from(loop.body[b + 1], made):
-                            b += 1
-                            made |= assigned(loop.body[b])
-                        runs.append((a, b))
-                    out.extend(self._narrowed(loop.body, runs, inner_held, model_names))
+                        made = set().union(*(assigned(x) for x in loop.body[first:last + 1]))
+                        while last + 1 < len(loop.body) and loss_from(loop.body[last + 1], made):
+                            last += 1
+                            made |= assigned(loop.body[last])
+                        inner.append((first, last))
+                    out.extend(self._narrowed(loop.body, inner, inner_held, model_names))
                     continue
             out.append((block, i, j))
         return out
@@ -1245,10 +1245,7 @@ class SeedRewrites:
         that only reads the model's weights or state through its own methods (``model.state_dict()``,
         ``model.load_state_dict(...)``, ``isinstance(model, ...)``) and neither calls it nor hands it
         on: loading weights is not a forward pass."""
-        module = next((m for m in self.p.modules.values() if m.src.tree is not None and in_tree(stmt, m.tree)), None)
-        if module is None:
-            return False
-        f, bound = self.p.resolve(module, call.func)
+        f, bound = self.p.resolve(self._module_of(stmt), call.func)
         if f is None or bound or f.is_method or f.vararg or f.kwarg:
             return False
         params = set()
