@@ -97,11 +97,13 @@ def main(fp16):
 '''
 
 
-def _migrated(tmp_path, text, *extra):
-    write(tmp_path, {"train.py": text})
+def _migrated(tmp_path, files, read="train.py", *extra):
+    """``files`` (a path -> text dict, or the text of train.py) written, migrated in place; the
+    text of ``read`` after it."""
+    write(tmp_path, files if isinstance(files, dict) else {"train.py": files})
     out = run(tmp_path, "--write", "-q", *extra)
     assert out.exit_code == 0, out.output
-    return (tmp_path / "train.py").read_text()
+    return (tmp_path / read).read_text()
 
 
 def test_a_flag_set_before_the_guard_folds_and_goes(tmp_path):
@@ -147,7 +149,7 @@ if __name__ == "__main__":
 
 
 def test_flags_fold_with_bfloat16(tmp_path):
-    text = _migrated(tmp_path, TRAIN, "--dtype", "bfloat16")
+    text = _migrated(tmp_path, TRAIN, "train.py", "--dtype", "bfloat16")
     assert "has_apex" not in text and "GradScaler" not in text, text
     assert "dtype=torch.bfloat16, enabled=bool(args.fp16)" in text, text
 
@@ -193,10 +195,7 @@ def validate(model, cfg):
 
 
 def test_loading_weights_is_not_a_forward(tmp_path):
-    write(tmp_path, {"eval.py": EVAL, "utils.py": UTILS})
-    out = run(tmp_path, "--write", "-q")
-    assert out.exit_code == 0, out.output
-    text = (tmp_path / "eval.py").read_text()
+    text = _migrated(tmp_path, {"eval.py": EVAL, "utils.py": UTILS}, "eval.py")
     compile(text, "eval.py", "exec")
     assert "apex" not in text, text
     assert ("    model = torch.nn.parallel.DistributedDataParallel(model)\n"
@@ -211,10 +210,7 @@ def test_a_helper_that_runs_the_model_is_a_forward(tmp_path):
     runs = UTILS.replace("        model.load_state_dict({k: v for k, v in state.items() if k in keys}, strict=False)\n",
                          "        model.load_state_dict({k: v for k, v in state.items() if k in keys}, strict=False)\n"
                          "    model(torch.zeros(1, 4, device=\"cuda\"))\n")
-    write(tmp_path, {"eval.py": EVAL, "utils.py": runs})
-    out = run(tmp_path, "--write", "-q")
-    assert out.exit_code == 0, out.output
-    text = (tmp_path / "eval.py").read_text()
+    text = _migrated(tmp_path, {"eval.py": EVAL, "utils.py": runs}, "eval.py")
     assert ('    with torch.autocast("cuda", dtype=torch.float16):\n'
             '        if cfg.weights:\n') in text, text
 
@@ -282,10 +278,7 @@ def train(model, optimizer, loader, log):
 
 
 def test_a_helper_that_only_moves_the_batch_is_preparation(tmp_path):
-    write(tmp_path, {"movers.py": MOVERS, "train.py": STEP})
-    out = run(tmp_path, "--write", "-q")
-    assert out.exit_code == 0, out.output
-    text = (tmp_path / "train.py").read_text()
+    text = _migrated(tmp_path, {"movers.py": MOVERS, "train.py": STEP}, "train.py")
     compile(text, "train.py", "exec")
     assert ('        batch = move_to_cuda(batch)\n'
             '        with torch.autocast("cuda", dtype=torch.float16):\n'
@@ -320,10 +313,7 @@ while True:
 
 
 def test_an_inference_loop_wraps_its_forward_not_the_loop(tmp_path):
-    write(tmp_path, {"repl.py": REPL})
-    out = run(tmp_path, "--write", "-q")
-    assert out.exit_code == 0, out.output
-    text = (tmp_path / "repl.py").read_text()
+    text = _migrated(tmp_path, {"repl.py": REPL}, "repl.py")
     compile(text, "repl.py", "exec")
     assert ('while True:\n'
             '    text = input("query: ")\n'
@@ -363,10 +353,7 @@ def build_optimizer(model):
 
 
 def test_an_optimizer_built_only_for_apex_goes_with_its_import(tmp_path):
-    write(tmp_path, {"evaluate.py": EVAL_OPT, "builders.py": BUILDERS})
-    out = run(tmp_path, "--write", "-q")
-    assert out.exit_code == 0, out.output
-    text = (tmp_path / "evaluate.py").read_text()
+    text = _migrated(tmp_path, {"evaluate.py": EVAL_OPT, "builders.py": BUILDERS}, "evaluate.py")
     compile(text, "evaluate.py", "exec")
     assert "optimizer" not in text and "build_optimizer" not in text, text
     assert ('    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):\n'
@@ -375,9 +362,6 @@ def test_an_optimizer_built_only_for_apex_goes_with_its_import(tmp_path):
 
 def test_an_optimizer_whose_builder_module_runs_code_stays(tmp_path):
     noisy = BUILDERS + 'print("builders imported")\n'
-    write(tmp_path, {"evaluate.py": EVAL_OPT, "builders.py": noisy})
-    out = run(tmp_path, "--write", "-q")
-    assert out.exit_code == 0, out.output
-    text = (tmp_path / "evaluate.py").read_text()
+    text = _migrated(tmp_path, {"evaluate.py": EVAL_OPT, "builders.py": noisy}, "evaluate.py")
     assert "from builders import build_optimizer\n" in text, text
     assert "    optimizer = build_optimizer(model)\n" in text, text
