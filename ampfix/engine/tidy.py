@@ -27,7 +27,7 @@ PURE = (ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.Unar
 
 
 #: builtins whose call only looks (an ``if isinstance(x, nn.Module):`` can go with its body)
-_LOOKING = frozenset({"isinstance", "issubclass", "callable", "len"})
+_LOOKING = frozenset({"isinstance", "issubclass", "callable", "len", "bool"})
 
 
 def pure(expr) -> bool:
@@ -781,10 +781,14 @@ def true_flags(t: ast.Try) -> Set[str]:
     names = consts(t.body, (True,))
     owner, _, block = block_of(t)
     i = next((k for k, x in enumerate(block) if x is t), 0)
-    if owner is not None and i > 0:
-        names |= consts([block[i - 1]], (True,)) - names_bound(t.body)
+    before = block[i - 1:i] if owner is not None and i > 0 else []
+    names |= consts(before, (True,)) - names_bound(t.body)
+    # `have_apex = False` right before the try, `have_apex = True` in its body and a handler that
+    # only reports: the handler's path leaves the False that was set before
+    preset = consts(before, (False, None))
     for h in t.handlers:
-        names &= consts(h.body, (False, None))
+        names = {n for n in names if n in consts(h.body, (False, None)) or
+                 (n in preset and n not in names_bound(h.body))}
     return names
 
 
@@ -815,6 +819,9 @@ def _truth(test, flags: Set[str]) -> Optional[bool]:
         # `HAS_AMP is False`, `HAS_AMP == True`
         same = test.comparators[0].value is True
         return same if isinstance(test.ops[0], (ast.Is, ast.Eq)) else not same
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "bool" and \
+            len(test.args) == 1 and not test.keywords:
+        return _truth(test.args[0], flags)  # `bool(has_apex)`
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         v = _truth(test.operand, flags)
         return None if v is None else not v
@@ -889,6 +896,18 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
         return False
 
     for node in walk(model.tree, into_functions=True):
+        if isinstance(node, ast.keyword) and node.arg == "enabled" and not inside_taken(node) and any(
+                isinstance(n, ast.Name) and n.id in flags for n in walk(node.value)) and \
+                _truth(node.value, flags) is True and pure(node.value):
+            # `torch.autocast("cuda", enabled=bool(has_apex))`: enabled always, as by default
+            call = getattr(node, "_p", None)
+            if isinstance(call, ast.Call) and (dotted(call.func) or "").split(".")[-1] in _SWITCHED:
+                try:
+                    edits.append(builder.remove_arg(call, node))
+                except Conflict:
+                    continue
+                taken.append(node)
+            continue
         if isinstance(node, ast.Assert) and not inside_taken(node) and any(
                 isinstance(n, ast.Name) and n.id in flags for n in walk(node.test)) and \
                 (_truth(node.test, flags) is True or _always_holds(node.test, flags)):
@@ -950,6 +969,10 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
     return edits
 
 
+#: the calls whose ``enabled=`` defaults to True
+_SWITCHED = frozenset({"autocast", "GradScaler"})
+
+
 def _folded_operands(src: Source, node: ast.BoolOp, flags: Set[str]) -> Optional[str]:
     """An ``and`` outside an ``if`` or ``assert`` test (those fold whole) without the operands
     that are flags, True now: ``enabled=bool(has_apex and args.fp16)`` becomes
@@ -1009,7 +1032,8 @@ def _unread_flags_go(text: str, path: str, flags: Set[str], star_exports=None) -
     if len(stores) != sum(isinstance(g, ast.Assign) for g in gone):
         return text  # bound somewhere else too (a loop, a function's own assignment): leave it
     try:
-        edits += Remover(src, model, b).remove(gone)
+        # a comment above the flag that speaks of apex (`# NVIDIA Apex for mixed precision`) goes too
+        edits += Remover(src, model, b).remove(gone, described={id(g) for g in gone if isinstance(g, ast.Assign)})
         return apply_edits(text, edits)
     except Conflict:
         return text

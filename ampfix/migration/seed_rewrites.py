@@ -85,6 +85,10 @@ def fold_conditions(module, around, folded, negated, enabled: str) -> str:
     return cond
 
 
+#: builtins that only gather what they are given (``list(model.parameters())``)
+_COLLECTING = frozenset({"list", "tuple", "set", "sorted", "filter", "iter"})
+
+
 class SetInside(Refuse):
     """The scaler's options read a name the seed's guard sets before it: the scaler cannot move
     above the guard (it can stay where the seed is, with a disabled one made before the guard)."""
@@ -1143,9 +1147,10 @@ class SeedRewrites:
         (``optimizer = build_optimizer(model, opts)`` right before it, read by nothing else): once
         the initialize goes, so does the optimizer (nothing in the module trains)."""
         opt = s.optimizers
-        if not isinstance(opt, ast.Name) or s.func is None:
+        if not isinstance(opt, ast.Name):
             return
-        unit = s.func.node
+        # a script's `if __name__ == "__main__":` too: every function's use of the name counts there
+        unit = s.func.node if s.func is not None else s.module.tree
         seed_nodes = {id(n) for n in walk(s.stmt)}
         reads = [n for n in walk(unit, into_functions=True) if isinstance(n, ast.Name) and n.id == opt.id
                  and isinstance(n.ctx, ast.Load) and id(n) not in seed_nodes]
@@ -1162,7 +1167,9 @@ class SeedRewrites:
         # one imported from a project module whose import only binds names (its import goes too,
         # read by nothing else; another module's import may have to stay: importing it runs it)
         for n in [st.value, *walk(st.value)]:
-            if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) or any(
+            if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Attribute) or (
+                    isinstance(n.func, ast.Name) and n.func.id in _COLLECTING
+                    and not s.module.sem.bindings_of(n.func)) or any(
                     b.kind in ("def", "class") or (b.qname or "").startswith("torch.") or (
                         b.kind == "import" and isinstance(b.node, ast.ImportFrom) and not b.node.level
                         and len(b.node.names) == 1 and self.p.import_is_quiet(b.node.module or ""))

@@ -1,0 +1,130 @@
+"""Thirty-third round: an availability flag set False before its guard, read as a reviewer reads
+the diff.
+
+``have_apex = False`` right before ``try: from apex import amp ...; have_apex = True / except
+ImportError: print(...)``: the handler only reports, so the False set before is what it leaves.
+The migrated code kept ``have_apex = False`` followed by ``have_apex = True``, the ``if have_apex:
+<apex path> else: <fp32 path>`` and ``enabled=bool(have_apex)``.  The flag is True for good once
+apex goes: its tests fold, a GradScaler's or autocast's ``enabled=`` that only read it goes (it
+is the default), and the flag goes with the comment above it that spoke of apex.
+
+An inference script (``if __name__ == "__main__":``) that built an optimizer only to hand it to
+``amp.initialize`` (``optimizer = torch.optim.Adam(list(model.parameters()))``): once the
+initialize goes the optimizer is dead code, and goes too; one that something else reads stays.
+"""
+from test_round17_shapes import run, write
+
+TRAIN = '''\
+import torch
+
+# NVIDIA Apex for mixed-precision training
+have_apex = False
+try:
+    from apex import amp
+    have_apex = True
+    print("Found apex.")
+except ImportError:
+    print("Recommend that you install apex to run this code.")
+
+
+def train_loop(model, optimizer, steps):
+    for _ in range(steps):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        optimizer.zero_grad()
+        if have_apex:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+
+
+def train(opt_level):
+    model = torch.nn.Linear(4, 4).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if have_apex:
+        model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level)
+    else:
+        print("No apex.")
+    train_loop(model, optimizer, 3)
+'''
+
+PREDICT = '''\
+import torch
+
+# NVIDIA Apex for mixed-precision training
+have_apex = False
+try:
+    from apex import amp
+    have_apex = True
+except ImportError:
+    print("Recommend that you install apex to run this code.")
+
+
+def predict(model, x):
+    return model(x)
+
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 4).cuda()
+    print("loaded")
+
+    if have_apex:
+        optimizer = torch.optim.Adam(list(model.parameters()))
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+
+    y = predict(model, torch.randn(2, 4, device="cuda"))
+    print(y.shape)
+'''
+
+
+def _migrated(tmp_path, files, read, *extra):
+    write(tmp_path, files)
+    out = run(tmp_path, "--write", "-q", *extra)
+    assert out.exit_code == 0, out.output
+    return (tmp_path / read).read_text()
+
+
+def test_a_flag_set_false_before_its_guard_folds_and_goes(tmp_path):
+    text = _migrated(tmp_path, {"train.py": TRAIN}, "train.py")
+    assert "have_apex" not in text and "apex" not in text.lower(), text
+    # the apex path is the path: the fp32 one and the report that apex is missing go
+    assert "loss.backward()" not in text and "No apex." not in text, text
+    assert "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n" in text, text
+    # opt_level is read at run time: enabled unless O0, no flag left in it
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=opt_level != "O0")' in text, text
+    assert text.startswith("import torch\n\n\ndef train_loop("), text
+
+
+def test_enabled_that_only_read_the_flag_goes(tmp_path):
+    text = _migrated(tmp_path, {"predict.py": PREDICT}, "predict.py")
+    assert "have_apex" not in text and "apex" not in text.lower(), text
+    assert '    with torch.autocast("cuda", dtype=torch.float16):\n        y = predict(' in text, text
+    # the optimizer was built only for apex's initialize: it goes with it
+    assert "optimizer" not in text, text
+    assert '    print("loaded")\n\n    with torch.autocast' in text, text
+
+
+def test_an_optimizer_read_by_something_else_stays(tmp_path):
+    kept = PREDICT.replace("        model, optimizer = amp.initialize(",
+                           "        print(optimizer)\n        model, optimizer = amp.initialize(")
+    text = _migrated(tmp_path, {"predict.py": kept}, "predict.py")
+    assert "    optimizer = torch.optim.Adam(list(model.parameters()))\n    print(optimizer)\n" in text, text
+
+
+def test_a_handler_that_resets_the_flag_still_folds(tmp_path):
+    # `have_apex = False` before and in the handler: the same availability test, written twice
+    src = TRAIN.replace('    print("Recommend that you install apex to run this code.")\n',
+                        '    have_apex = False\n')
+    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    assert "have_apex" not in text, text
+
+
+def test_a_flag_the_code_turns_off_elsewhere_stays(tmp_path):
+    # `have_apex = False` on a CPU too: a switch, not an availability test
+    src = TRAIN.replace("def train(opt_level):\n",
+                        "def train(opt_level):\n    global have_apex\n"
+                        "    if not torch.cuda.is_available():\n        have_apex = False\n")
+    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    assert "    if not torch.cuda.is_available():\n        have_apex = False\n" in text, text
+    assert 'enabled=bool(have_apex) and opt_level != "O0")' in text and "if not have_apex:" in text, text
