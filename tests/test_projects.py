@@ -99,6 +99,10 @@ ENTRIES = {
     # under autocast too); apex's DDP pre-divided by a project helper imported for it alone (the
     # import goes with the argument)
     "inline_eval": [["train.py"], ["train.py", "--opt_level", "O0"]],
+    # apex found with a flag set False before its guard (the handler only reports): the flag
+    # folds and goes with its comment; an inference script's optimizer built only for initialize
+    "false_flag": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--opt_level", "O0"],
+                   ["predict.py"]],
 }
 
 

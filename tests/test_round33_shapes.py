@@ -128,3 +128,54 @@ def test_a_flag_the_code_turns_off_elsewhere_stays(tmp_path):
     text = _migrated(tmp_path, {"train.py": src}, "train.py")
     assert "    if not torch.cuda.is_available():\n        have_apex = False\n" in text, text
     assert 'enabled=bool(have_apex) and opt_level != "O0")' in text and "if not have_apex:" in text, text
+
+
+
+LONG = '''\
+"""A trainer; this docstring's first line is long, so the file is a little wider than 88 columns."""
+import torch
+
+apex_is_available = False
+try:
+    from apex import amp
+    apex_is_available = True
+except ImportError:
+    pass
+
+
+class Trainer:
+    def __init__(self, args, model, optimizer):
+        self.args = args
+        self.model = model
+        self.optimizer = optimizer
+        if apex_is_available and self.args.mixed_precision:
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+
+    def train(self, steps):
+        for _ in range(steps):
+            loss = self.model(torch.randn(2, 4, device="cuda")).sum()
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+            self.optimizer.step()
+'''
+
+
+def test_a_call_broken_for_the_flag_is_one_line_again(tmp_path):
+    # with the flag the scaler's line passed 100 columns and was written one argument a line;
+    # without it, it fits the file's width again
+    text = _migrated(tmp_path, {"train.py": LONG}, "train.py")
+    assert "apex_is_available" not in text, text
+    assert ('        self.scaler = torch.amp.GradScaler("cuda", enabled=bool(self.args.mixed_precision))\n'
+            in text), text
+
+
+def test_a_call_too_long_for_one_line_is_fitted_to_the_width(tmp_path):
+    # the file's own width is 88 here: one line would pass it, and it is fitted to it as the
+    # engine fits every line a fix makes long
+    src = LONG.replace("this docstring's first line is long, so the file is a little wider than 88 columns.",
+                       "short.").replace("amp.initialize(self.model,", "amp.initialize(\n                self.model,")
+    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    assert "apex_is_available" not in text, text
+    assert ('        self.scaler = torch.amp.GradScaler(\n'
+            '            "cuda", enabled=bool(self.args.mixed_precision)\n        )\n') in text, text
+    assert max(len(line) for line in text.splitlines()) <= 88, text

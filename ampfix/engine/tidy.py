@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ampfix.engine.fit import width_of
 from ampfix.model.analysis import is_log_call, torch_version_test
 from ampfix.model.apex import imports_apex
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
@@ -903,7 +904,7 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
             call = getattr(node, "_p", None)
             if isinstance(call, ast.Call) and (dotted(call.func) or "").split(".")[-1] in _SWITCHED:
                 try:
-                    edits.append(builder.remove_arg(call, node))
+                    edits.append(_one_line(src, builder, call, node, None) or builder.remove_arg(call, node))
                 except Conflict:
                     continue
                 taken.append(node)
@@ -929,8 +930,10 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
                         j += 1
                     if i >= 0 and j < len(src.text) and src.text[i] == "(" and src.text[j] == ")":
                         a, b = i, j + 1
+                call = _switched_call(node)
                 try:
-                    edits.append(builder.replace_range(a, b, text))
+                    edits.append((_one_line(src, builder, call, node, text, (a, b)) if call is not None else None)
+                                 or builder.replace_range(a, b, text))
                 except Conflict:
                     continue
                 taken.append(node)
@@ -971,6 +974,49 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
 
 #: the calls whose ``enabled=`` defaults to True
 _SWITCHED = frozenset({"autocast", "GradScaler"})
+
+
+def _switched_call(node) -> Optional[ast.Call]:
+    """The ``GradScaler(...)`` or ``autocast(...)`` call whose argument ``node`` is part of."""
+    p = getattr(node, "_p", None)
+    while p is not None and not isinstance(p, ast.stmt):
+        if isinstance(p, ast.Call) and (dotted(p.func) or "").split(".")[-1] in _SWITCHED:
+            return p
+        p = getattr(p, "_p", None)
+    return None
+
+
+def _one_line(src: Source, builder: Builder, call: ast.Call, node, text: Optional[str],
+              span: Optional[Tuple[int, int]] = None) -> Optional[Edit]:
+    """The call written over several lines (the migration broke it for a flag that made it long)
+    on one line again, with ``node`` (one of its arguments, or inside one) replaced by ``text``
+    or, None, its keyword removed: when it fits the file's width and holds no comment.  None
+    where it stays as it is written."""
+    if call.lineno == call.end_lineno:
+        return None
+    a, b = builder.span(call)
+    if "#" in src.text[a:b] or any(isinstance(x, ast.Starred) for x in call.args):
+        return None
+    parts = []
+    for arg in builder.args_of(call):
+        if arg is node and text is None:
+            continue
+        x, y = builder.span(arg)
+        if isinstance(arg, ast.keyword) and arg.arg is None:
+            return None
+        piece = src.text[x:y]
+        if span is not None and x <= span[0] and span[1] <= y:
+            piece = src.text[x:span[0]] + text + src.text[span[1]:y]
+        if "\n" in piece:
+            return None
+        parts.append(piece)
+    fx, fy = builder.span(call.func)
+    one = f"{src.text[fx:fy]}({', '.join(parts)})"
+    before = src.text[src.starts[call.lineno - 1]:a]
+    after = src.text[b:src.starts[call.end_lineno - 1] + len(src.line_text(call.end_lineno).rstrip("\r\n"))]
+    if len(before) + len(one) + len(after) > width_of(src.text):
+        return None
+    return builder.replace_range(a, b, one)
 
 
 def _folded_operands(src: Source, node: ast.BoolOp, flags: Set[str]) -> Optional[str]:
