@@ -179,3 +179,123 @@ def test_a_call_too_long_for_one_line_is_fitted_to_the_width(tmp_path):
     assert ('        self.scaler = torch.amp.GradScaler(\n'
             '            "cuda", enabled=bool(self.args.mixed_precision)\n        )\n') in text, text
     assert max(len(line) for line in text.splitlines()) <= 88, text
+
+
+SETUP = '''\
+import torch
+from apex import amp
+
+
+def setup(args, model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.method == "deepspeed":
+        model, optimizer = model.to_deepspeed(optimizer)
+    elif args.method == "fairscale":
+        model = model.shard()
+    else:
+        model, optimizer = amp.initialize(model, optimizer, opt_level=f"O{args.amp_level}")
+    return args, model, optimizer
+
+
+def train(args, model, optimizer):
+    for _ in range(3):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        optimizer.zero_grad()
+        if args.method == "deepspeed":
+            model.backward(loss)
+        else:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        optimizer.step()
+
+
+def evaluate(model):
+    with torch.no_grad():
+        return model(torch.randn(2, 4, device="cuda")).sum().item()
+
+
+def main(args):
+    model = torch.nn.Linear(4, 4).cuda()
+    if args.do_train:
+        args, model, optimizer = setup(args, model)
+        train(args, model, optimizer)
+    elif args.do_eval:
+        args, model, _ = setup(args, model)
+        print(evaluate(model))
+'''
+
+
+def test_a_setup_that_picks_apex_in_its_last_branch(tmp_path):
+    """``if deepspeed: ... elif fairscale: ... else: amp.initialize(...)`` in a setup whose callers
+    train or evaluate (SwinBERT's ``mixed_precision_init``): the training caller makes the scaler,
+    enabled where the setup took the apex branch; the caller that throws the optimizer away
+    (``args, model, _ = setup(...)``) only evaluates, under autocast; neither repeats the caller's
+    own ``if args.do_train:`` in enabled=."""
+    text = _migrated(tmp_path, {"train.py": SETUP}, "train.py")
+    assert "apex" not in text and "amp.initialize" not in text and "scale_loss" not in text, text
+    # enabled where the apex branch ran, one operand a line where the line would pass the width
+    cond = ('            enabled=args.method != "deepspeed"\n            and args.method != "fairscale"\n'
+            '            and (f"O{args.amp_level}" != "O0"),\n')
+    # the training caller: one scaler, made beside the call
+    assert text.count("GradScaler(") == 1 and text.count(cond) == 2, text
+    assert ('        args, model, optimizer = setup(args, model)\n        scaler = torch.amp.GradScaler(\n'
+            '            "cuda",\n' + cond + '        )\n        train(args, model, optimizer, scaler=scaler)\n') in text, text
+    # the evaluating caller: autocast around what runs the model, under the same condition
+    assert ('        args, model, _ = setup(args, model)\n        with torch.autocast(\n            "cuda",\n'
+            '            dtype=torch.float16,\n' + cond + '        ):\n            print(evaluate(model))\n') in text, text
+    assert "do_train and" not in text and "bool(args.do_eval)" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 88, text
+
+
+SIMPLE_SETUP = '''\
+import torch
+from apex import amp
+
+
+def setup(args, model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    return model, optimizer
+
+
+def train(model, optimizer):
+    for _ in range(3):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+
+
+def main(args):
+    model = torch.nn.Linear(4, 4).cuda()
+    if args.do_train:
+        model, optimizer = setup(args, model)
+        train(model, optimizer)
+'''
+
+
+def test_a_setup_called_inside_the_callers_if_keeps_the_test_out_of_enabled(tmp_path):
+    # made beside the call, inside `if args.do_train:`: the test holds there
+    text = _migrated(tmp_path, {"train.py": SIMPLE_SETUP}, "train.py")
+    assert ('        model, optimizer = setup(args, model)\n        scaler = torch.amp.GradScaler("cuda")\n'
+            '        train(model, optimizer, scaler=scaler)\n') in text, text
+
+
+def test_fit_breaks_a_long_boolean_argument_one_operand_a_line():
+    from ampfix.engine.fit import fit_lines, split_line
+
+    line = ('        with torch.autocast("cuda", enabled=args.method != "deepspeed" and args.method != "fairscale" '
+            'and args.level != "O0"):')
+    assert split_line(line, 88) == [
+        '        with torch.autocast(', '            "cuda",', '            enabled=args.method != "deepspeed"',
+        '            and args.method != "fairscale"', '            and args.level != "O0",', '        ):']
+    # an argument line inside a call the fix wrote over lines
+    after = ('def f(args):\n    scaler = torch.amp.GradScaler(\n        "cuda",\n'
+             '        enabled=args.method != "deepspeed" and args.method != "fairscale" and (args.level != "O0") or x,\n'
+             '    )\n')
+    assert fit_lines("x = 1\n", after) == (
+        'def f(args):\n    scaler = torch.amp.GradScaler(\n        "cuda",\n'
+        '        enabled=args.method != "deepspeed"\n        and args.method != "fairscale"\n'
+        '        and (args.level != "O0")\n        or x,\n    )\n')
+    # no operator outside brackets: left as it is
+    assert split_line("        f(" + "x" * 100 + ")", 88) is None

@@ -85,11 +85,20 @@ def _break_continued(text: str, span: Tuple[int, int], no: int, width: int) -> O
             elif rest and stack[-1] < 0:
                 best = (t.end[1], len(line) - len(line.lstrip()))
     if best is None:
-        return None
-    cut, col = best
-    out = [line[:cut].rstrip(), " " * col + line[cut:].strip()]
-    if len(out[1]) > width:
-        return None
+        # one argument on its own line (`    enabled=a and b and c,`): one operand a line
+        pad = line[:len(line) - len(line.lstrip())]
+        body = line.strip()
+        ops = _top_bool_ops(body[:-1]) if body.endswith(",") else None
+        if not ops:
+            return None
+        out = [pad + x for x in ops[:-1]] + [pad + ops[-1] + ","]
+        if any(len(x) > width for x in out):
+            return None
+    else:
+        cut, col = best
+        out = [line[:cut].rstrip(), " " * col + line[cut:].strip()]
+        if len(out[1]) > width:
+            return None
     new = "\n".join([*src_lines[first - 1:no - 1], *out, *src_lines[no:last]])
     return out if _same(textwrap.dedent(stmt), textwrap.dedent(new)) else None
 
@@ -169,6 +178,26 @@ def _top_commas(inner: str) -> Optional[List[str]]:
     return parts if len(parts) > 1 else None
 
 
+def _top_bool_ops(part: str) -> Optional[List[str]]:
+    """``a and b or c`` (outside any bracket) as ``["a", "and b", "or c"]``; None without one."""
+    depth = 0
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(part).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+    out, last = [], 0
+    for t in toks:
+        if t.type == tokenize.OP and t.string in _OPEN:
+            depth += 1
+        elif t.type == tokenize.OP and t.string in (")", "]", "}"):
+            depth -= 1
+        elif t.type == tokenize.NAME and t.string in ("and", "or") and depth == 0:
+            out.append(part[last:t.start[1]].strip())
+            last = t.start[1]
+    out.append(part[last:].strip())
+    return out if len(out) > 1 and all(out) else None
+
+
 def _same(a: str, b: str) -> bool:
     def tree(s: str) -> Optional[str]:
         s = s.strip()
@@ -196,9 +225,20 @@ def split_line(line: str, width: int, unit: str = "    ") -> Optional[List[str]]
         before = stmt[:o].rstrip()
         after_name = bool(before) and (before[-1].isalnum() or before[-1] in "_)]")
         if (stmt[o] == "(" and after_name) or stmt[o] == "{" or (stmt[o] == "[" and not after_name):
-            parts = _top_commas(inner)
+            parts = _top_commas(inner) or ([inner] if stmt[o] == "(" and after_name else None)
             if parts:
                 candidates.append([indent + head, *(indent + unit + p + "," for p in parts), indent + tail])
+                # an argument still too long (`enabled=a != x and b != y and ...`): one operand of
+                # its `and`/`or` a line, as black writes it
+                lines = [indent + head]
+                for p in parts:
+                    ops = _top_bool_ops(p) if len(indent + unit + p) + 1 > width else None
+                    if ops:
+                        lines += [indent + unit + x for x in ops[:-1]] + [indent + unit + ops[-1] + ","]
+                    else:
+                        lines.append(indent + unit + p + ",")
+                if len(lines) > len(parts) + 1:
+                    candidates.append([*lines, indent + tail])
         for cand in candidates:
             if all(len(x) <= width for x in cand) and _same(stmt, "\n".join(x[len(indent):] for x in cand)):
                 return cand

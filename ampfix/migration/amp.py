@@ -415,7 +415,9 @@ class AmpPlanner:
                     opt_target = targets[1] if len(targets) > 1 else None
                     passed = cs.argument(param_of(s, f, "optimizers", 1)) if opt_target else None
                     v.optimizers = telts[returned.index(opt_target)] if opt_target in returned else None
-                    v.training = v.optimizers is not None and not is_const(passed, None)
+                    # a caller that throws the optimizer away (`model, _ = setup(...)`) only evaluates
+                    v.training = v.optimizers is not None and not is_const(passed, None) and not (
+                        isinstance(v.optimizers, ast.Name) and v.optimizers.id == "_")
                     virtual.append(v)
             except Refuse as exc:
                 bad[s.idx] = str(exc)

@@ -356,13 +356,29 @@ def quoted_as(text: str, out: str) -> str:
     pieces, line_starts = [], [0]
     for ln in out.splitlines(keepends=True):
         line_starts.append(line_starts[-1] + len(ln))
-    last = 0
+    # whole literals: (start, end) offsets; an f-string is one STRING token before Python 3.12,
+    # FSTRING_START ... FSTRING_END from 3.12 on
+    spans, opened = [], []
+    fstart, fend = getattr(tokenize, "FSTRING_START", None), getattr(tokenize, "FSTRING_END", None)
     for t in toks:
-        if t.type != tokenize.STRING or not t.string.startswith("'") or '"' in t.string or "\\" in t.string:
-            continue
         a = line_starts[t.start[0] - 1] + t.start[1]
         b = line_starts[t.end[0] - 1] + t.end[1]
-        pieces.append(out[last:a] + '"' + t.string[1:-1] + '"')
+        if t.type == tokenize.STRING and not opened:  # (not a string inside an f-string's braces)
+            spans.append((a, b))
+        elif fstart is not None and t.type == fstart:
+            opened.append(a)
+        elif fend is not None and t.type == fend and opened:
+            first = opened.pop()
+            if not opened:
+                spans.append((first, b))
+    last = 0
+    for a, b in spans:
+        lit = out[a:b]
+        prefix = lit[:len(lit) - len(lit.lstrip("rRbBuUfF"))]
+        body = lit[len(prefix):]
+        if not body.startswith("'") or body.startswith("'" * 3) or '"' in body or "\\" in body:
+            continue
+        pieces.append(out[last:a] + prefix + '"' + body[1:-1] + '"')
         last = b
     return "".join(pieces) + out[last:]
 

@@ -15,7 +15,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
-from ampfix.migration.rewriter import none_tests, quoted_as, returns_after, substitute
+from ampfix.migration.rewriter import quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
@@ -418,15 +418,9 @@ class SeedRewrites:
         gs = [g for g in guards(orig.stmt, orig.unit) if id(g) not in held]
         around = [a for a in ancestors_stmts(orig.stmt, orig.unit) if isinstance(a, ast.If) and id(a) not in held]
         negated = [a for a in around if a not in gs and not terminates(a.body)]
-        # `if optimizer is None: <inference> else: <this seed>`: the callers that pass None do not
-        # get this seed (amp.py routes each call to the seeds its argument reaches); the others
-        # make the scaler when what they pass is not None
-        by_none = {id(a) for a, _, wants_none in none_tests(orig.stmt, orig.func) if not wants_none}
-        if [a for a in negated if id(a) not in by_none]:
-            # each caller would make a scaler, those that only evaluate too: not planned yet
-            raise Refuse(f"line {orig.stmt.lineno} runs in the `else` (or `elif`) of the `if` at line "
-                         f"{negated[0].lineno} in `{orig.func.qualname}`, whose callers would make the scaler: make "
-                         "it once, before, by hand")
+        # `if deepspeed: ... elif fairscale: ... else: <this seed>`: the branch's condition is the
+        # negation of the tests before it, said in the caller's terms like the guards; a caller that
+        # throws the optimizer away (`model, _ = setup(...)`) only evaluates and makes no scaler
         folded = [gd for gd in gs if not terminates(gd.orelse)]
         enabled = fold_conditions(orig.module, around, folded, negated, enabled)
         # a scaler option is `keyword=value`: only its value is said in the caller's terms
@@ -506,8 +500,10 @@ class SeedRewrites:
             at, cond = self._hoist(s, enabled, set(), in_place=True)
             target = self._scaler_target(s)
             col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
-            args = [*scaler_args, *([f"enabled={cond}"] if cond != "True" else [])]
-            made = self._made(target, args, cond, col)
+            # made beside the call, inside the caller's own `if args.do_train:`: that test holds
+            # there, and says nothing in the scaler's enabled= (the regions elsewhere still read it)
+            args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
+            made = self._made(target, args, enabled, col)
             self.enabled[s.idx] = cond
             # two initialize calls of one setup (a generator's and a discriminator's optimizers)
             # arrive at the same call: one scaler serves both, as apex's one loss scaler did
@@ -1046,7 +1042,8 @@ class SeedRewrites:
                 fc.remove(s.stmt, described=True)
             self._optimizer_made_for_apex_goes(s)
         else:
-            at = s.stmt
+            # the regions lie in the caller's block of the call, where its own guards hold
+            at, cond = s.stmt, enabled
         model_names = s.model_names
         returned = s.func is not None and not moved and any(
             isinstance(r, ast.Return) and r.value is not None and r.lineno > s.stmt.lineno
