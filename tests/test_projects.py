@@ -103,6 +103,10 @@ ENTRIES = {
     # folds and goes with its comment; an inference script's optimizer built only for initialize
     "false_flag": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--opt_level", "O0"],
                    ["predict.py"]],
+    # a setup choosing deepspeed, fairscale or apex in an if/elif chain (apex last), called to train
+    # and to evaluate (`args, model, _ = setup(...)`): the negated tests are the scaler's enabled=
+    "setup_chain": [["main.py", "--do_train"], ["main.py", "--do_train", "--amp_level", "0"],
+                    ["main.py", "--do_eval"]],
 }
 
 
