@@ -299,3 +299,30 @@ def test_fit_breaks_a_long_boolean_argument_one_operand_a_line():
         '        and (args.level != "O0")\n        or x,\n    )\n')
     # no operator outside brackets: left as it is
     assert split_line("        f(" + "x" * 100 + ")", 88) is None
+
+
+TWO_MODELS = '''\
+import torch
+from apex import amp
+
+
+def main():
+    model = torch.nn.Linear(4, 4).cuda()
+    teacher = torch.nn.Linear(4, 4).cuda()
+    model, teacher = amp.initialize([model, teacher], None, opt_level="O1")
+    x = torch.randn(2, 4, device="cuda")
+    with torch.no_grad():
+        gap = (model(x) - teacher(x)).abs().mean()
+    print(gap.item())
+'''
+
+
+def test_two_models_initialized_for_inference_and_unpacked(tmp_path):
+    """``model, teacher = amp.initialize([model, teacher], None, ...)`` (LightningDOT's setup): the
+    list of models comes back and is unpacked one by one; refused before ("assigns 2 names from 1
+    values"), the statement goes and what runs both models is under autocast."""
+    text = _migrated(tmp_path, {"eval.py": TWO_MODELS}, "eval.py")
+    assert "apex" not in text and "amp.initialize" not in text, text
+    assert "model, teacher =" not in text, text
+    assert ('    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):\n'
+            '        gap = (model(x) - teacher(x)).abs().mean()\n') in text, text

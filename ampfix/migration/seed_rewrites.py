@@ -831,6 +831,10 @@ class SeedRewrites:
         src = [s.models] + ([s.optimizers] if s.optimizers is not None and not is_const(s.optimizers, None)
                             and not s.optimizer_none else [])
         tnodes = list(target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
+        if len(src) == 1 and isinstance(s.models, (ast.List, ast.Tuple)) and len(tnodes) == len(s.models.elts) > 1:
+            # `model, teacher = amp.initialize([model, teacher], opt_level=...)`: the list of models
+            # comes back, unpacked into the targets one by one
+            src = list(s.models.elts)
         # `m, [o1, o2] = amp.initialize(m, [a, b])`: pair the inner lists element by element
         flat_t, flat_s = [], []
         for t, v in zip(tnodes, src):
