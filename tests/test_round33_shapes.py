@@ -11,6 +11,14 @@ is the default), and the flag goes with the comment above it that spoke of apex.
 An inference script (``if __name__ == "__main__":``) that built an optimizer only to hand it to
 ``amp.initialize`` (``optimizer = torch.optim.Adam(list(model.parameters()))``): once the
 initialize goes the optimizer is dead code, and goes too; one that something else reads stays.
+
+A GradScaler the migration wrote one argument a line because the flag made it long is one line
+again once the flag folds, where it fits; a line still too long is fitted as black would (one
+operand of an ``and`` a line).  A setup whose apex branch is the last of ``if deepspeed: ... elif
+fairscale: ... else: amp.initialize(...)`` hands its callers the negated tests; a caller that
+throws the optimizer away only evaluates; a scaler made beside the call inside the caller's own
+``if`` does not repeat its test.  ``model, teacher = amp.initialize([model, teacher], None)``
+unpacks the list of models it returns.
 """
 from test_round17_shapes import run, write
 
