@@ -156,20 +156,30 @@ def _pairs(stmt: str) -> List[Tuple[int, int]]:
     return out
 
 
-def _top_commas(inner: str) -> Optional[List[str]]:
-    depth = 0
-    parts = []
+def _top_tokens(text: str) -> Optional[List[tokenize.TokenInfo]]:
+    """The tokens of ``text`` outside any bracket (None where it does not tokenize)."""
     try:
-        toks = list(tokenize.generate_tokens(io.StringIO(inner).readline))
+        toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return None
-    last = 0
+    out, depth = [], 0
     for t in toks:
         if t.type == tokenize.OP and t.string in _OPEN:
             depth += 1
         elif t.type == tokenize.OP and t.string in (")", "]", "}"):
             depth -= 1
-        elif t.type == tokenize.OP and t.string == "," and depth == 0:
+        elif depth == 0:
+            out.append(t)
+    return out
+
+
+def _top_commas(inner: str) -> Optional[List[str]]:
+    toks = _top_tokens(inner)
+    if toks is None:
+        return None
+    parts, last = [], 0
+    for t in toks:
+        if t.type == tokenize.OP and t.string == ",":
             parts.append(inner[last:t.start[1]].strip())
             last = t.end[1]
     tail = inner[last:].strip()
@@ -180,18 +190,12 @@ def _top_commas(inner: str) -> Optional[List[str]]:
 
 def _top_bool_ops(part: str) -> Optional[List[str]]:
     """``a and b or c`` (outside any bracket) as ``["a", "and b", "or c"]``; None without one."""
-    depth = 0
-    try:
-        toks = list(tokenize.generate_tokens(io.StringIO(part).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
+    toks = _top_tokens(part)
+    if toks is None:
         return None
     out, last = [], 0
     for t in toks:
-        if t.type == tokenize.OP and t.string in _OPEN:
-            depth += 1
-        elif t.type == tokenize.OP and t.string in (")", "]", "}"):
-            depth -= 1
-        elif t.type == tokenize.NAME and t.string in ("and", "or") and depth == 0:
+        if t.type == tokenize.NAME and t.string in ("and", "or"):
             out.append(part[last:t.start[1]].strip())
             last = t.start[1]
     out.append(part[last:].strip())

@@ -901,8 +901,8 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
                 isinstance(n, ast.Name) and n.id in flags for n in walk(node.value)) and \
                 _truth(node.value, flags) is True and pure(node.value):
             # `torch.autocast("cuda", enabled=bool(has_apex))`: enabled always, as by default
-            call = getattr(node, "_p", None)
-            if isinstance(call, ast.Call) and (dotted(call.func) or "").split(".")[-1] in _SWITCHED:
+            call = _switched_call(node)
+            if call is not None and any(k is node for k in call.keywords):
                 try:
                     edits.append(_one_line(src, builder, call, node, None) or builder.remove_arg(call, node))
                 except Conflict:
