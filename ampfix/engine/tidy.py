@@ -109,7 +109,7 @@ def _speaks_of_apex(text: str) -> bool:
     return "apex" in low or re.search(r"\bamp\b", low) is not None
 
 
-def _speaks_of_mixed_precision(text: str) -> bool:
+def speaks_of_mixed_precision(text: str) -> bool:
     """A comment about half precision (``# fp16 execution of torch.einsum``): right above an apex
     statement that goes, it described that statement."""
     low = text.lower()
@@ -134,7 +134,7 @@ def apex_comment_above(src: Source, line: int, of_import: bool = False, describe
     if first is None:
         return None
     text = " ".join(src.line_text(n) for n in range(first, line))
-    speaks = _speaks_of_mixed_precision(text) if described else _speaks_of_apex(text)
+    speaks = speaks_of_mixed_precision(text) if described else _speaks_of_apex(text)
     if not (speaks or (of_import and re.search(r"\bimport|\binstall", text.lower()))):
         return None
     return first
@@ -295,7 +295,7 @@ class Remover:
                 c = _comment_of_line(text, no, src)
                 if c and c.strip("#").strip():  # a bare `#` says nothing: it goes with its line
                     lines.append(c)
-            if lines and all(_speaks_of_mixed_precision(c) for c in lines):
+            if lines and all(speaks_of_mixed_precision(c) for c in lines):
                 continue
             if not lines:
                 continue
@@ -483,13 +483,13 @@ def _apex_reports_of_gone_imports(model: Model, whole) -> List[ast.stmt]:
         imports = [x for x in t.body if imports_apex(x)]
         if not imports or any(id(x) not in gone for x in imports):
             continue
-        said = [x for x in t.body if id(x) not in gone and _reports_apex(x)]
+        said = [x for x in t.body if id(x) not in gone and reports_apex(x)]
         if said and any(id(x) not in gone and x not in said for x in t.body):
             out.extend(said)
     return out
 
 
-def _reports_apex(x) -> bool:
+def reports_apex(x) -> bool:
     """A print or a log call whose message speaks of apex."""
     return is_log_call(x) and any(isinstance(n, ast.Constant) and isinstance(n.value, str)
                                   and "apex" in n.value.lower() for a in x.value.args for n in ast.walk(a))
@@ -943,7 +943,7 @@ def fold_flags(src: Source, model: Model, builder: Builder, flags: Set[str], tak
         if not any(isinstance(n, ast.Name) and n.id in flags for n in [node.test, *walk(node.test)]):
             continue
         v = _truth(node.test, flags)
-        if not node.orelse and node.body and all(_reports_apex(x) for x in node.body) and pure(node.test):
+        if not node.orelse and node.body and all(reports_apex(x) for x in node.body) and pure(node.test):
             # `if apex_support and args.fp16: logging.debug("Using apex for fp16")`: it reported
             # apex's use, which is gone
             gone.append(node)

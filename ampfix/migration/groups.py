@@ -42,6 +42,7 @@ class FileChanges:
         self._stale_lines: Set[int] = set()  # comment lines of commented-out code that read what went
         #: ids of ``if`` statements whose test the scaler made right before them evaluates
         self.tests_moved: Set[int] = set()
+        self._before: Dict[int, ast.stmt] = {}  # offset of an insert_before -> the statement it precedes
 
     def _claim(self, node) -> None:
         if id(node) in self.touched:
@@ -59,6 +60,7 @@ class FileChanges:
     def insert_before(self, stmt, lines: Sequence[str]) -> None:
         self._filled.append(stmt)
         at = self.src.starts[self.b.first_line(stmt) - 1]
+        self._before.setdefault(at, stmt)
         self._inserts.setdefault((at, self.b.indent(stmt)), []).extend(lines)
 
     def insert_after(self, stmt, lines: Sequence[str], indent: Optional[str] = None) -> None:
@@ -222,14 +224,42 @@ class FileChanges:
         except Conflict as exc:
             raise Refuse(str(exc)) from None
 
+    def _above_comments(self, at: int, gone: Sequence[ast.stmt], edits: Sequence[Edit]) -> int:
+        """Where lines inserted before a statement go: above the comment lines right over it when
+        the statement stays and they do not speak of mixed precision (``# the model must be on the
+        GPU already`` describes the assignment under it, not the GradScaler made before it)."""
+        from ampfix.engine.tidy import comments_above, speaks_of_mixed_precision
+
+        stmt = self._before.get(at)
+        if stmt is None:
+            return at
+        spans = [self.b.span(g) for g in gone]
+        start, end = self.b.span(stmt)
+        if any(a <= start and end <= b for a, b in spans):
+            return at  # it goes: a comment above it describes what takes its place
+        line = self.b.first_line(stmt)
+        first = comments_above(self.src, line)
+        if first is None:
+            return at
+        text = " ".join(self.src.line_text(n) for n in range(first, line))
+        top = self.src.starts[first - 1]
+        if speaks_of_mixed_precision(text) or _touched(top, at, edits):
+            return at
+        return top
+
     def finish(self) -> List[Edit]:
         edits = list(self.edits)
         text = self.src.text
+        inserts = []
+        makes = set()  # the inserts that only make something (`scaler = GradScaler(...)`)
         for (at, indent), lines in self._inserts.items():
             body = self.b.statements(lines, indent)
             if at == len(text) and text and not text.endswith(("\n", "\r")):
                 body = self.b.nl + body
-            edits.append(Edit(at, at, body))
+            inserts.append(Edit(at, at, body))
+            if all(_assigns(line) for line in lines):
+                makes.add(len(inserts) - 1)
+        edits = inserts + edits
         if self.removed:
             try:
                 filled = set()
@@ -256,6 +286,14 @@ class FileChanges:
                     if not self.src.text[r.start:cut].strip():
                         r = Edit(cut, r.end, r.text)
                 edits.append(r)
+        gone = list(remover.gone.values()) if self.removed else []
+        others = [e for e in edits if e not in inserts]
+        for k, e in enumerate(inserts):
+            if k not in makes:
+                continue  # `scaler.unscale_(opt)` before a clip: under the comment on clipping
+            top = self._above_comments(e.start, gone, others)
+            if top != e.start:
+                edits[edits.index(e)] = Edit(top, top, e.text)
         # stale commented-out code goes, unless another edit covers its line already
         for no in sorted(self._stale_lines):
             a, b = self.src.starts[no - 1], self.src.line_end(no)
@@ -325,6 +363,15 @@ def _commented_code(line: str) -> Optional[ast.Module]:
     except SyntaxError:
         return None
     return tree if tree.body else None
+
+
+def _assigns(line: str) -> bool:
+    """A line of code that only binds a name or attribute (``self.scaler = GradScaler(...)``)."""
+    try:
+        body = ast.parse(line).body
+    except SyntaxError:
+        return False
+    return len(body) == 1 and isinstance(body[0], (ast.Assign, ast.AnnAssign))
 
 
 def _touched(a: int, b: int, edits: Sequence[Edit]) -> bool:

@@ -134,10 +134,14 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
 
 def rewrites(project, g: Group) -> List[tuple]:
     """The group's edits of each file, as self-contained tries for :func:`try_rewrite`."""
+    from ampfix.migration.stale_attributes import unread_apex_attributes_go
+
     out = []
+    for fc in g.changes.values():
+        fc.final_edits = fc.finish()
+    unread_apex_attributes_go(project, g.changes)
     for path, fc in g.changes.items():
-        edits = fc.finish()
-        fc.final_edits = edits
+        edits = fc.final_edits
         if not any("torch." in e.text or "torch." in e.before for e in edits):
             fc.adds = [a for a in fc.adds if a.module != "torch"]
         out.append((path, fc.src.text, g.description, edits, list(fc.adds), list(fc.removes), g.id,

@@ -130,6 +130,8 @@ class SeedRewrites:
         """The initialize statement goes; its targets get its arguments where they differ."""
         after = self._reassign(s)
         fc = self.fc(s.module)
+        if self._else_says_the_same(s, after):
+            return
         if after:
             fc.replace_statement(s.stmt, after)
         else:
@@ -591,11 +593,45 @@ class SeedRewrites:
         """The initialize statement goes (its targets keep what it changed: ``_reassign``), and an
         optimizer made only for it goes with it."""
         after = self._reassign(s) if after is None else after
+        if self._else_says_the_same(s, after):
+            return
         if after:
             self.fc(s.module).replace_statement(s.stmt, after)
         else:
             self.fc(s.module).remove(s.stmt, described=True)
             self._dummy_optimizer_goes(s)
+
+    def _else_says_the_same(self, s: Seed, after: List[str]) -> bool:
+        """``if opt_level: self.model, self.optimizer = amp.initialize(model, optimizer, ...)`` with
+        ``else: self.model, self.optimizer = model, optimizer``: once initialize goes both branches
+        assign the same, so the ``if`` becomes that assignment (a log line in the apex branch that
+        speaks of apex goes with it).  Only where the test has no side effects and every comment
+        in the ``if`` speaks of mixed precision; True when so rewritten."""
+        from ampfix.engine.noqa import comment_of
+        from ampfix.engine.tidy import pure, reports_apex, speaks_of_mixed_precision
+
+        g = getattr(s.stmt, "_p", None)
+        if len(after) != 1 or not isinstance(g, ast.If) or not any(x is s.stmt for x in g.body) or \
+                len(g.orelse) != 1 or not pure(g.test):
+            return False
+        fc = self.fc(s.module)
+        if fc.b.is_elif(g) or id(g) in fc.touched:
+            return False
+        try:
+            made = ast.parse(after[0]).body
+        except SyntaxError:
+            return False
+        if len(made) != 1 or ast.dump(made[0]) != ast.dump(g.orelse[0]):
+            return False
+        if not all(x is s.stmt or reports_apex(x) for x in g.body):
+            return False
+        src = s.module.src
+        for no in range(g.lineno, g.end_lineno + 1):
+            said = comment_of(src.line_text(no), False)
+            if said is not None and not speaks_of_mixed_precision(said):
+                return False
+        fc.replace_statement(g, after)
+        return True
 
     #: GradScaler's defaults, for an option one branch sets and the other leaves
     _SCALER_DEFAULTS = {"init_scale": "2.0**16", "growth_interval": "2000", "growth_factor": "2.0",

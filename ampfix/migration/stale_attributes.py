@@ -1,0 +1,80 @@
+"""An attribute that said "apex is on" and that only the removed apex code read.
+
+``self._use_apex = opt_level is not None`` in a trainer's ``__init__``, read by ``if
+self._use_apex: with amp.scale_loss(...)`` alone: once the group's edits remove that read, the
+assignment is dead code the migration made.  It goes when no module of the project reads an
+attribute of that name any more (nor names it in a string: ``getattr(self, "_use_apex")``) and
+its value has no side effects; otherwise it stays.  A Python file under the root that this part of
+the run did not read, and that names the attribute, keeps it too.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Sequence, Tuple
+
+from ampfix.model.edits import Conflict, Edit
+from ampfix.model.semantic import walk
+
+
+def _names_apex(attr: str) -> bool:
+    return "apex" in attr.lower()
+
+
+def _dropped(edits: Sequence[Edit], a: int, b: int) -> bool:
+    """Some edit removes or replaces the text ``[a, b)`` (a region edit keeps its inner part)."""
+    for e in edits:
+        if e.start <= a and b <= e.end and e.start < e.end:
+            if e.region:
+                k_lo, k_hi = e.keep
+                if k_lo <= a and b <= k_hi:
+                    continue
+            return True
+    return False
+
+
+def _touches(edits: Sequence[Edit], a: int, b: int) -> bool:
+    return any(e.start < b and a < e.end or (e.start == e.end and a <= e.start <= b) for e in edits)
+
+
+def unread_apex_attributes_go(project, changes: Dict[str, object]) -> None:
+    """Append to each file's ``final_edits`` the removal of ``self.<apex flag> = <pure value>``
+    whose every read in the project lies in text those edits remove."""
+    from ampfix.engine.tidy import Remover, pure
+
+    reads: Dict[str, List[Tuple[str, ast.AST]]] = {}
+    named = set()
+    for path, m in project.modules.items():
+        for n in walk(m.tree, into_functions=True):
+            if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Store) and _names_apex(n.attr):
+                reads.setdefault(n.attr, []).append((path, n))
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and _names_apex(n.value):
+                named.add(n.value)
+    written = " ".join(e.text + e.before + e.after for fc in changes.values() for e in fc.final_edits)
+    for path, fc in changes.items():
+        src = fc.src
+        for n in walk(fc.module.tree, into_functions=True):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute)
+                    and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self"):
+                continue
+            attr = n.targets[0].attr
+            if not _names_apex(attr) or attr in named or attr in written or not pure(n.value):
+                continue
+            seen = reads.get(attr, [])
+            if not seen:
+                continue  # read by nothing before the migration either: not the migration's debris
+            if project.mentioned_elsewhere(attr, other_parts=True):
+                continue  # a file not read with this part names it (a callback handed the trainer)
+            if not all(p in changes and _dropped(changes[p].final_edits, *_span(changes[p].src, x))
+                       for p, x in seen):
+                continue
+            try:
+                gone = Remover(src, fc.module.sem, fc.b).remove([n])
+            except Conflict:
+                continue
+            if any(_touches(fc.final_edits, e.start, e.end) for e in gone):
+                continue
+            fc.final_edits = [*fc.final_edits, *gone]
+
+
+def _span(src, node) -> Tuple[int, int]:
+    return src.offset(node.lineno, node.col_offset), src.offset(node.end_lineno, node.end_col_offset)
