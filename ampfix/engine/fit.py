@@ -118,6 +118,8 @@ def _statements(text: str) -> Tuple[Set[int], Dict[int, Tuple[int, int]]]:
     for t in toks:
         if t.type in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING):
             continue
+        if start is None and t.type == tokenize.COMMENT:
+            continue  # a comment on a line of its own: the statement under it starts after it
         if start is None:
             start, ok = t.start[0], True
         if t.type == tokenize.COMMENT or t.start[0] != t.end[0] or t.string == "\\":

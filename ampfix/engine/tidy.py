@@ -726,8 +726,14 @@ def dead_import_guards(src: Source, model: Model, builder: Builder,
         inside = {id(n) for n in walk(t, into_functions=True)}
         if any(n.id in only_handlers and id(n) not in inside for name in only_handlers for n in uses.get(name, [])):
             continue
+        # `sys.path.append("./apex")` at the ends of the body only served the import that went
+        body = list(t.body)
+        while body and _extends_path(body[0], "apex"):
+            body.pop(0)
+        while body and _extends_path(body[-1], "apex"):
+            body.pop()
         try:
-            edits.append(builder.unwrap(t, t.body))
+            edits.extend([builder.unwrap(t, body)] if body else Remover(src, model, builder).remove([t]))
         except Conflict:
             continue
         if unwrapped is not None:
@@ -735,14 +741,16 @@ def dead_import_guards(src: Source, model: Model, builder: Builder,
     return edits
 
 
-def _extends_path(stmt) -> bool:
+def _extends_path(stmt, naming: Optional[str] = None) -> bool:
     """``sys.path.append("./apex")``, ``sys.path.insert(0, "..")``: a list grows by a constant, which
-    cannot raise."""
+    cannot raise; ``naming``: a path that names it (``"apex"``)."""
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
         return False
     call = stmt.value
     name = dotted(call.func)
     if call.keywords or not all(isinstance(a, ast.Constant) for a in call.args):
+        return False
+    if naming is not None and not (isinstance(call.args[-1].value, str) and naming in call.args[-1].value.lower()):
         return False
     return (name == "sys.path.append" and len(call.args) == 1) or (name == "sys.path.insert" and len(call.args) == 2)
 

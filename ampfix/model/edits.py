@@ -241,8 +241,10 @@ class Builder:
             while line >= 1 and not src.line_text(line).strip():
                 blanks.append(line)
                 line -= 1
-            if line == 0:  # at the top of the file: keep the text starting where it did
+            if line == 0:  # at the top of the file: the text after it starts there (no blank first line)
                 a = src.starts[first - 1]
+                if end == stmt.end_lineno:
+                    b = src.starts[after + following - 1] if after + following <= src.line_count else len(src.text)
             elif len(blanks) > keep:  # the nearest go, the farthest `keep` stay
                 a = src.starts[blanks[len(blanks) - keep - 1] - 1]
         return Edit(a, b, "")
