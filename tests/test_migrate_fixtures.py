@@ -18,7 +18,10 @@ NAMES = sorted(p.name for p in (FIX / "before").glob("*.py"))
 
 #: migrations whose fix is unsafe (the report says why): their goldens are what --unsafe-fixes writes
 #: with the apex rules alone (the other rules' unsafe fixes are not part of the migration)
-UNSAFE: dict = {}
+UNSAFE: dict = {
+    # the clip after FP16_Optimizer's backward did nothing on the float16 path; now it clips
+    "fp16_model_clip.py": "the clip at line 40 clipped the float16 model's gradients",
+}
 
 
 def migrate(data: bytes, name: str = ""):

@@ -226,7 +226,7 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         src.parse()
         sup = Suppressions(src)
     if reports is not first:
-        reports = _with_planned_reasons(reports, first)
+        reports = _with_planned_reasons(reports, first, {f.group for f, _ in failed if f.group is not None})
     result.diagnostics = sorted([*(_diagnostic(path, r) for r in reports), *_unknown_noqa(path, sup)],
                                 key=Diagnostic.sort_key)
     for f, why in failed:
@@ -240,21 +240,31 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
     return result
 
 
-def _with_planned_reasons(reports: List[Report], first: List[Report]) -> List[Report]:
+def _with_planned_reasons(reports: List[Report], first: List[Report], failed_groups=frozenset()) -> List[Report]:
     """The passes after the first run with no plan (its positions no longer match the edited
-    text), so what is left loses the planner's reason (``... (not rewritten: why)``).  Each such
-    report takes it back from the first pass's report of the same rule and message, in order."""
+    text), so what is left loses the planner's reason (``... (not rewritten: why)``) and the
+    planned fix that only ``--unsafe-fixes`` applies (then "needs --unsafe-fixes (why)" would be
+    missing once a safe fix elsewhere changed the file).  Each such report takes them back from
+    the first pass's report of the same rule and message, in order (the fix only says what it
+    is: the diagnostics carry no edits)."""
     reasons: Dict[tuple, List[str]] = {}
+    unsafe: Dict[tuple, list] = {}
     for r in first:
         base, sep, _ = r.message.partition(" (not rewritten")
         if sep:
             reasons.setdefault((r.rule.code, base), []).append(r.message)
-    if not reasons:
+        elif r.fix is not None and not r.fix.safe and r.fix.group is not None and r.fix.group not in failed_groups:
+            unsafe.setdefault((r.rule.code, r.message), []).append(r.fix)
+    if not reasons and not unsafe:
         return reports
     out = []
     for r in reports:
         queue = reasons.get((r.rule.code, r.message))
-        out.append(dataclasses.replace(r, message=queue.pop(0)) if queue else r)
+        if queue:
+            r = dataclasses.replace(r, message=queue.pop(0))
+        elif r.fix is None and unsafe.get((r.rule.code, r.message)):
+            r = dataclasses.replace(r, fix=unsafe[(r.rule.code, r.message)].pop(0))
+        out.append(r)
     return out
 
 

@@ -811,6 +811,8 @@ class Fp16Plan(Rewriter):
                 last_in[k] = s
         for last in last_in.values():
             self.fc(self._mod(last)).insert_after(stmt_of(last), [f"{self._scaler_at(last)}.update()"])
+        if not bf16(self.s):
+            self._model_clips_unscaled(conv, sites, clips)
         for call in clips:
             st = stmt_of(call)
             if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
@@ -844,6 +846,42 @@ class Fp16Plan(Rewriter):
         for node in inners:
             self.fc(self._mod(node)).replace(node, self.opt_at[id(node.value)])
         self._fp16_only_warmup()
+
+    #: clips of gradients a plain call makes (not FP16_Optimizer's own clip_master_grads)
+    _CLIPS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+
+    def _model_clips_unscaled(self, conv, sites, clips) -> None:
+        """``optimizer.backward(loss)`` then ``clip_grad_norm_(model.parameters(), c)`` then
+        ``optimizer.step()``: FP16_Optimizer's backward had already copied the scaled float16
+        gradients to its float32 master copies and unscaled those, so the clip changed gradients
+        its step never read (a no-op on the float16 path; the float32 path clipped).  After the
+        migration the clip would see scaled gradients: ``scaler.unscale_`` goes before it, and the
+        fix is unsafe (the float16 path now clips, as the float32 path did)."""
+        for s in conv:
+            step = stmt_of(s)
+            owner, field, block = block_of(step)
+            i = next((k for k, x in enumerate(block) if x is step), None)
+            if i is None:
+                continue
+            before = [x for x in sites if any(x is y for y in block[:i])]
+            if not before:
+                continue
+            start = next(k for k, x in enumerate(block) if x is before[-1])
+            for x in block[start + 1:i]:
+                inside = list(walk(x))
+                if any(n is c for c in clips for n in inside):
+                    continue  # `if fp16: optimizer.clip_master_grads(c) else: clip(...)`: mapped as one clip
+                calls = [n for n in inside if isinstance(n, ast.Call)
+                         and (dotted(n.func) or "").split(".")[-1] in self._CLIPS]
+                if not (calls and isinstance(x, ast.Expr) and x.value is calls[0] and len(calls) == 1):
+                    continue  # (a clip inside another statement: the self-check refuses what it would leave)
+                o = self._opt_of(s)
+                self.fc(self._mod(s)).insert_before(x, [f"{self._scaler_at(s)}.unscale_({o})"])
+                why = (f"the clip at line {x.lineno} clipped the float16 model's gradients after FP16_Optimizer's "
+                       "backward had copied them to its float32 master gradients, which its step used: it did not "
+                       "clip on the float16 path; the migration clips the gradients the step uses, as the float32 "
+                       "path did: the numbers change")
+                self.g.unsafe = f"{self.g.unsafe}; {why}" if self.g.unsafe else why
 
     def _fp32_clip_params(self, st, rest: List[str]) -> Optional[str]:
         """``if args.fp16: optimizer.clip_master_grads(c) else: clip_grad_norm_(model.parameters(),
