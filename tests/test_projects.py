@@ -107,6 +107,9 @@ ENTRIES = {
     # and to evaluate (`args, model, _ = setup(...)`): the negated tests are the scaler's enabled=
     "setup_chain": [["main.py", "--do_train"], ["main.py", "--do_train", "--amp_level", "0"],
                     ["main.py", "--do_eval"]],
+    # a trainer class whose apex and fp32 branches differ only by amp.initialize (one assignment
+    # now), a flag attribute only the removed apex branch read (it goes), callbacks around the step
+    "callback_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--apex_opt_level", "O1"]],
 }
 
 
