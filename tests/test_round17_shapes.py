@@ -73,6 +73,14 @@ def run(root: Path, *extra):
     return CliRunner().invoke(main, ["migrate", *extra, "--torch-version", "2.4", str(root)])
 
 
+def migrated(root: Path, files: dict, read: str, *extra) -> str:
+    """``files`` written under ``root``, migrated with ``--write`` (and ``extra``): the text of ``read``."""
+    write(root, files)
+    out = run(root, "--write", "-q", *extra)
+    assert out.exit_code == 0, out.output
+    return (root / read).read_text()
+
+
 def test_trainer_class_takes_and_keeps_the_scaler(tmp_path):
     write(tmp_path, {"trainer.py": TRAINER, "main.py": MAIN})
     out = run(tmp_path, "--write", "-q")

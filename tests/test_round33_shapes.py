@@ -20,7 +20,7 @@ throws the optimizer away only evaluates; a scaler made beside the call inside t
 ``if`` does not repeat its test.  ``model, teacher = amp.initialize([model, teacher], None)``
 unpacks the list of models it returns.
 """
-from test_round17_shapes import run, write
+from test_round17_shapes import migrated
 
 TRAIN = '''\
 import torch
@@ -86,15 +86,8 @@ if __name__ == "__main__":
 '''
 
 
-def _migrated(tmp_path, files, read, *extra):
-    write(tmp_path, files)
-    out = run(tmp_path, "--write", "-q", *extra)
-    assert out.exit_code == 0, out.output
-    return (tmp_path / read).read_text()
-
-
 def test_a_flag_set_false_before_its_guard_folds_and_goes(tmp_path):
-    text = _migrated(tmp_path, {"train.py": TRAIN}, "train.py")
+    text = migrated(tmp_path, {"train.py": TRAIN}, "train.py")
     assert "have_apex" not in text and "apex" not in text.lower(), text
     # the apex path is the path: the fp32 one and the report that apex is missing go
     assert "loss.backward()" not in text and "No apex." not in text, text
@@ -105,7 +98,7 @@ def test_a_flag_set_false_before_its_guard_folds_and_goes(tmp_path):
 
 
 def test_enabled_that_only_read_the_flag_goes(tmp_path):
-    text = _migrated(tmp_path, {"predict.py": PREDICT}, "predict.py")
+    text = migrated(tmp_path, {"predict.py": PREDICT}, "predict.py")
     assert "have_apex" not in text and "apex" not in text.lower(), text
     assert '    with torch.autocast("cuda", dtype=torch.float16):\n        y = predict(' in text, text
     # the optimizer was built only for apex's initialize: it goes with it
@@ -116,7 +109,7 @@ def test_enabled_that_only_read_the_flag_goes(tmp_path):
 def test_an_optimizer_read_by_something_else_stays(tmp_path):
     kept = PREDICT.replace("        model, optimizer = amp.initialize(",
                            "        print(optimizer)\n        model, optimizer = amp.initialize(")
-    text = _migrated(tmp_path, {"predict.py": kept}, "predict.py")
+    text = migrated(tmp_path, {"predict.py": kept}, "predict.py")
     assert "    optimizer = torch.optim.Adam(list(model.parameters()))\n    print(optimizer)\n" in text, text
 
 
@@ -124,7 +117,7 @@ def test_a_handler_that_resets_the_flag_still_folds(tmp_path):
     # `have_apex = False` before and in the handler: the same availability test, written twice
     src = TRAIN.replace('    print("Recommend that you install apex to run this code.")\n',
                         '    have_apex = False\n')
-    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    text = migrated(tmp_path, {"train.py": src}, "train.py")
     assert "have_apex" not in text, text
 
 
@@ -133,7 +126,7 @@ def test_a_flag_the_code_turns_off_elsewhere_stays(tmp_path):
     src = TRAIN.replace("def train(opt_level):\n",
                         "def train(opt_level):\n    global have_apex\n"
                         "    if not torch.cuda.is_available():\n        have_apex = False\n")
-    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    text = migrated(tmp_path, {"train.py": src}, "train.py")
     assert "    if not torch.cuda.is_available():\n        have_apex = False\n" in text, text
     assert 'enabled=bool(have_apex) and opt_level != "O0")' in text and "if not have_apex:" in text, text
 
@@ -171,7 +164,7 @@ class Trainer:
 def test_a_call_broken_for_the_flag_is_one_line_again(tmp_path):
     # with the flag the scaler's line passed 100 columns and was written one argument a line;
     # without it, it fits the file's width again
-    text = _migrated(tmp_path, {"train.py": LONG}, "train.py")
+    text = migrated(tmp_path, {"train.py": LONG}, "train.py")
     assert "apex_is_available" not in text, text
     assert ('        self.scaler = torch.amp.GradScaler("cuda", enabled=bool(self.args.mixed_precision))\n'
             in text), text
@@ -182,7 +175,7 @@ def test_a_call_too_long_for_one_line_is_fitted_to_the_width(tmp_path):
     # engine fits every line a fix makes long
     src = LONG.replace("this docstring's first line is long, so the file is a little wider than 88 columns.",
                        "short.").replace("amp.initialize(self.model,", "amp.initialize(\n                self.model,")
-    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    text = migrated(tmp_path, {"train.py": src}, "train.py")
     assert "apex_is_available" not in text, text
     assert ('        self.scaler = torch.amp.GradScaler(\n'
             '            "cuda", enabled=bool(self.args.mixed_precision)\n        )\n') in text, text
@@ -239,7 +232,7 @@ def test_a_setup_that_picks_apex_in_its_last_branch(tmp_path):
     enabled where the setup took the apex branch; the caller that throws the optimizer away
     (``args, model, _ = setup(...)``) only evaluates, under autocast; neither repeats the caller's
     own ``if args.do_train:`` in enabled=."""
-    text = _migrated(tmp_path, {"train.py": SETUP}, "train.py")
+    text = migrated(tmp_path, {"train.py": SETUP}, "train.py")
     assert "apex" not in text and "amp.initialize" not in text and "scale_loss" not in text, text
     # enabled where the apex branch ran, one operand a line where the line would pass the width
     cond = ('            enabled=args.method != "deepspeed"\n            and args.method != "fairscale"\n'
@@ -284,7 +277,7 @@ def main(args):
 
 def test_a_setup_called_inside_the_callers_if_keeps_the_test_out_of_enabled(tmp_path):
     # made beside the call, inside `if args.do_train:`: the test holds there
-    text = _migrated(tmp_path, {"train.py": SIMPLE_SETUP}, "train.py")
+    text = migrated(tmp_path, {"train.py": SIMPLE_SETUP}, "train.py")
     assert ('        model, optimizer = setup(args, model)\n        scaler = torch.amp.GradScaler("cuda")\n'
             '        train(model, optimizer, scaler=scaler)\n') in text, text
 
@@ -329,7 +322,7 @@ def test_two_models_initialized_for_inference_and_unpacked(tmp_path):
     """``model, teacher = amp.initialize([model, teacher], None, ...)`` (LightningDOT's setup): the
     list of models comes back and is unpacked one by one; refused before ("assigns 2 names from 1
     values"), the statement goes and what runs both models is under autocast."""
-    text = _migrated(tmp_path, {"eval.py": TWO_MODELS}, "eval.py")
+    text = migrated(tmp_path, {"eval.py": TWO_MODELS}, "eval.py")
     assert "apex" not in text and "amp.initialize" not in text, text
     assert "model, teacher =" not in text, text
     assert ('    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):\n'

@@ -22,7 +22,7 @@ when a safe fix elsewhere in the file changed it first.
 ``sys.path.append("./apex")`` in the ``try`` of apex's import (sthalles/SimCLR, ConVIRT) stayed
 behind once the guard unwrapped; it goes with the import now (a path that names something else stays).
 """
-from test_round17_shapes import run, write
+from test_round17_shapes import migrated, run, write
 
 TRAINER = '''\
 import logging
@@ -76,15 +76,8 @@ def describe(t: Trainer) -> str:
 '''
 
 
-def _migrated(tmp_path, files, read, *extra):
-    write(tmp_path, files)
-    out = run(tmp_path, "--write", "-q", *extra)
-    assert out.exit_code == 0, out.output
-    return (tmp_path / read).read_text()
-
-
 def test_identical_branches_become_one_assignment(tmp_path):
-    text = _migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
     assert "if opt_level" not in text and "else:" not in text.split("def step")[0], text
     assert text.count("self.model, self.optimizer = model, optimizer") == 1, text
     # the log line said apex: it went with the branch; logging is no longer imported
@@ -92,13 +85,13 @@ def test_identical_branches_become_one_assignment(tmp_path):
 
 
 def test_flag_attribute_only_the_apex_code_read_goes(tmp_path):
-    text = _migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
     assert "_use_apex" not in text, text
     assert "        self.model, self.optimizer = model, optimizer\n        self.steps = 0\n" in text, text
 
 
 def test_flag_attribute_another_module_reads_stays(tmp_path):
-    text = _migrated(tmp_path, {"trainer.py": TRAINER, "report.py": REPORT}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER, "report.py": REPORT}, "trainer.py")
     assert "        self._use_apex = opt_level is not None\n" in text, text
     # the rest of the migration is the same
     assert "if self._use_apex" not in text and "self.scaler.scale(loss).backward()" in text, text
@@ -106,19 +99,19 @@ def test_flag_attribute_another_module_reads_stays(tmp_path):
 
 def test_flag_attribute_named_in_a_string_stays(tmp_path):
     report = 'from trainer import Trainer\n\n\ndef describe(t: Trainer):\n    return getattr(t, "_use_apex", False)\n'
-    text = _migrated(tmp_path, {"trainer.py": TRAINER, "report.py": report}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER, "report.py": report}, "trainer.py")
     assert "self._use_apex = opt_level is not None" in text, text
 
 
 def test_flag_attribute_a_module_that_does_not_import_it_reads_stays(tmp_path):
     # a callback handed the trainer: it never imports the trainer's module
     callback = 'def on_step(trainer):\n    return "apex" if trainer._use_apex else "fp32"\n'
-    text = _migrated(tmp_path, {"trainer.py": TRAINER, "callback.py": callback}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER, "callback.py": callback}, "trainer.py")
     assert "self._use_apex = opt_level is not None" in text, text
 
 
 def test_scaler_goes_above_the_comment_of_the_statement_under_it(tmp_path):
-    text = _migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
     init = text.split("    def __init__(self, model, optimizer, opt_level=None):\n")[1].split("\n\n")[0]
     assert init.index("self.scaler = torch.amp.GradScaler(") < init.index("# the model must be on the GPU"), init
     assert ("        # or the optimizer would be wrong\n"
@@ -128,23 +121,23 @@ def test_scaler_goes_above_the_comment_of_the_statement_under_it(tmp_path):
 def test_a_comment_on_mixed_precision_keeps_the_scaler_under_it(tmp_path):
     src = TRAINER.replace("        # the model must be on the GPU already,\n        # or the optimizer would be wrong\n",
                           "        # mixed precision\n")
-    text = _migrated(tmp_path, {"trainer.py": src}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
     assert "        # mixed precision\n        self.scaler = torch.amp.GradScaler(" in text, text
 
 
 def test_first_import_that_goes_leaves_no_blank_first_line(tmp_path):
-    text = _migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": TRAINER}, "trainer.py")
     assert text.startswith("import torch\n\n\nclass Trainer:"), text[:80]
 
 
 def test_branches_that_differ_stay(tmp_path):
     src = TRAINER.replace("            self.model, self.optimizer = model, optimizer\n",
                           "            self.model, self.optimizer = model.float(), optimizer\n")
-    text = _migrated(tmp_path, {"trainer.py": src}, "trainer.py")
+    text = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
     assert "        if opt_level:\n" in text and "model.float(), optimizer" in text, text
     # a log line that does not speak of apex keeps its branch too
     src = TRAINER.replace('f"using apex.amp with opt_level {opt_level}"', 'f"mixed precision {opt_level}"')
-    text = _migrated(tmp_path / "b", {"trainer.py": src}, "trainer.py")
+    text = migrated(tmp_path / "b", {"trainer.py": src}, "trainer.py")
     assert '            logging.info(f"mixed precision {opt_level}")\n' in text, text
 
 
@@ -207,7 +200,7 @@ def test_fp16_optimizer_then_a_clip_of_the_model_is_an_unsafe_fix(tmp_path):
         out.output
     # a safe fix elsewhere in the file (the tensor made on the device) does not hide why
     assert 'torch.tensor([0, 1], device="cuda")' in out.output, out.output
-    text = _migrated(tmp_path, {"train.py": FP16_CLIP}, "train.py", "--unsafe-fixes")
+    text = migrated(tmp_path, {"train.py": FP16_CLIP}, "train.py", "--unsafe-fixes")
     assert ("        scaler.scale(loss).backward()\n"
             "        scaler.unscale_(optimizer)\n"
             "        nn.utils.clip_grad_norm_(parameters=model.parameters(), max_norm=1.0)\n"
@@ -218,7 +211,7 @@ def test_fp16_optimizer_then_a_clip_of_the_model_is_an_unsafe_fix(tmp_path):
 
 def test_fp16_optimizer_without_a_model_clip_stays_safe(tmp_path):
     src = FP16_CLIP.replace("        nn.utils.clip_grad_norm_(parameters=model.parameters(), max_norm=1.0)\n", "")
-    text = _migrated(tmp_path, {"train.py": src}, "train.py")
+    text = migrated(tmp_path, {"train.py": src}, "train.py")
     assert "scaler.unscale_" not in text and "FP16_Optimizer" not in text, text
 
 
@@ -254,10 +247,10 @@ def train(model, optimizer, fp16):
 
 
 def test_a_path_added_for_apex_goes_with_its_import(tmp_path):
-    text = _migrated(tmp_path, {"train.py": SYS_PATH}, "train.py")
+    text = migrated(tmp_path, {"train.py": SYS_PATH}, "train.py")
     assert "sys.path" not in text and "import sys" not in text and "apex" not in text.lower(), text
     assert text.startswith("import torch\n\n\ndef train("), text
     # a path that does not name apex stays (it may serve other imports)
     other = SYS_PATH.replace('sys.path.append("./apex")', 'sys.path.append("./third_party")')
-    text = _migrated(tmp_path / "b", {"train.py": other}, "train.py")
+    text = migrated(tmp_path / "b", {"train.py": other}, "train.py")
     assert 'sys.path.append("./third_party")' in text and "import sys" in text, text
