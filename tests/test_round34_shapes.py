@@ -21,6 +21,11 @@ when a safe fix elsewhere in the file changed it first.
 
 ``sys.path.append("./apex")`` in the ``try`` of apex's import (sthalles/SimCLR, ConVIRT) stayed
 behind once the guard unwrapped; it goes with the import now (a path that names something else stays).
+
+A clip of the model's own parameters inside ``with amp.scale_loss(...)`` (the README's unsafe fix)
+was refused by the self-check: only a clip of ``amp.master_params`` got its ``unscale_``.  Where the
+optimizer steps right after the block every time, ``scaler.unscale_`` goes before the clip now; on
+micro-batches (one ``unscale_`` a step) it stays refused.
 """
 from test_round17_shapes import migrated, run, write
 
@@ -254,3 +259,45 @@ def test_a_path_added_for_apex_goes_with_its_import(tmp_path):
     other = SYS_PATH.replace('sys.path.append("./apex")', 'sys.path.append("./third_party")')
     text = migrated(tmp_path / "b", {"train.py": other}, "train.py")
     assert 'sys.path.append("./third_party")' in text and "import sys" in text, text
+
+
+CLIP_IN_BLOCK = '''\
+import torch
+from apex import amp
+
+
+def main():
+    model = torch.nn.Linear(4, 4).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O1")
+    for _ in range(3):
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        with amp.scale_loss(loss, opt) as scaled_loss:
+            scaled_loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+'''
+
+
+def test_a_clip_of_the_model_inside_scale_loss_unscales_first_as_an_unsafe_fix(tmp_path):
+    # the README's row: a clip inside the block is an unsafe fix; with the model's own parameters
+    # (not amp.master_params) nothing unscaled before it, so the self-check refused the module
+    write(tmp_path, {"t.py": CLIP_IN_BLOCK})
+    out = run(tmp_path)
+    assert "AMP101 needs --unsafe-fixes (the clip at line 13 ran inside apex's scale_loss block" in out.output, \
+        out.output
+    text = migrated(tmp_path / "u", {"t.py": CLIP_IN_BLOCK}, "t.py", "--unsafe-fixes")
+    assert ("        scaler.scale(loss).backward()\n"
+            "        scaler.unscale_(opt)\n"
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "        scaler.step(opt)\n"
+            "        scaler.update()\n") in text, text
+
+
+def test_a_clip_inside_scale_loss_on_micro_batches_stays_refused(tmp_path):
+    # the step runs every second batch: one unscale_ a step cannot go before each clip
+    src = CLIP_IN_BLOCK.replace("    for _ in range(3):\n", "    for i in range(4):\n").replace(
+        "        opt.step()\n", "        if i % 2 == 1:\n            opt.step()\n")
+    write(tmp_path, {"t.py": src})
+    out = run(tmp_path, "--unsafe-fixes")
+    assert "not rewritten: its output would be wrong: AMP206" in out.output, out.output

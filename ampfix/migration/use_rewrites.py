@@ -112,6 +112,7 @@ class UseRewrites:
                    "the gradients, so it did not clip the true gradients; the migration clips the true ones, as the "
                    "code meant: the numbers change")
             self.g.unsafe = f"{self.g.unsafe}; {why}" if self.g.unsafe else why
+            self._unscale_before_clip(u, w, clips, opt, scaler, kws)
         loss_code = code(loss)
         scaled = f"{scaler}.scale({loss_code})" if not self.noscale else loss_code
         if isinstance(loss, (ast.BinOp, ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
@@ -151,6 +152,28 @@ class UseRewrites:
         if not self.pure:
             self._plan_region(u, c, site, loss)
         self._guard_optional(u, c, w)
+
+    def _unscale_before_clip(self, u: Use, w, clips, opt, scaler: str, kws) -> None:
+        """``with amp.scale_loss(loss, opt) as s: s.backward(); clip_grad_norm_(model.parameters(),
+        c)`` then ``opt.step()``: the clip of the model's own parameters needs the gradients unscaled
+        first (a clip of ``amp.master_params(opt)`` gets its ``unscale_`` where that is mapped).  Only
+        where the optimizer steps right after the block, in the same block, every time (one
+        ``unscale_`` a step), with no ``delay_unscale`` and no other ``master_params`` read in the
+        function; elsewhere the self-check refuses what would be left."""
+        code = u.module.src.code
+        if len(clips) != 1 or "delay_unscale" in kws or not isinstance(opt, (ast.Name, ast.Attribute)):
+            return
+        stmt = next((x for x in w.body[1:] if isinstance(x, ast.Expr) and x.value is clips[0]), None)
+        unit = u.func.node if u.func is not None else u.module.tree
+        if stmt is None or any(isinstance(n, ast.Call) and (dotted(n.func) or "").endswith("master_params")
+                               for n in walk(unit)):
+            return
+        _, _, block = block_of(w)
+        i = next((k for k, x in enumerate(block) if x is w), None)
+        if i is None or not any(isinstance(x, ast.Expr) and method_call(x.value, "step") and
+                                code(receiver(x.value)) == code(opt) for x in block[i + 1:]):
+            return
+        self.fc(u.module).insert_before(stmt, [f"{scaler}.unscale_({code(opt)})"])
 
     def _guard_optional(self, u: Use, c: Carrier, w) -> None:
         """An optional scaler (callers that have none leave the tested parameter None: they never
