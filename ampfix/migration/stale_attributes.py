@@ -5,7 +5,8 @@ self._use_apex: with amp.scale_loss(...)`` alone: once the group's edits remove 
 assignment is dead code the migration made.  It goes when no module of the project reads an
 attribute of that name any more (nor names it in a string: ``getattr(self, "_use_apex")``) and
 its value has no side effects; otherwise it stays.  A Python file under the root that this part of
-the run did not read, and that names the attribute, keeps it too.
+the run did not read keeps it too where it reads the attribute of another object than its own
+``self`` (a callback handed the trainer); its ``self.<name>`` is its own classes' attribute.
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ def unread_apex_attributes_go(project, changes: Dict[str, object]) -> None:
             seen = reads.get(attr, [])
             if not seen:
                 continue  # read by nothing before the migration either: not the migration's debris
-            if project.mentioned_elsewhere(attr, other_parts=True):
-                continue  # a file not read with this part names it (a callback handed the trainer)
+            if any(_read_on_another_object(p, attr) for p in project.mentioned_elsewhere(attr, other_parts=True)):
+                continue  # a file not read with this part reads it (a callback handed the trainer)
             if not all(p in changes and _dropped(changes[p].final_edits, *_span(changes[p].src, x))
                        for p, x in seen):
                 continue
@@ -74,6 +75,24 @@ def unread_apex_attributes_go(project, changes: Dict[str, object]) -> None:
             if any(_touches(fc.final_edits, e.start, e.end) for e in gone):
                 continue
             fc.final_edits = [*fc.final_edits, *gone]
+
+
+def _read_on_another_object(path: str, attr: str) -> bool:
+    """A file outside this part reads ``<obj>.<attr>`` of something other than its own ``self``
+    (``trainer._use_apex`` in a callback), or names it in a string.  Its ``self.<attr>`` is the
+    attribute of its own classes: without importing this module it cannot subclass ours."""
+    try:
+        with open(path, "rb") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and n.attr == attr and not (
+                isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+            return True
+        if isinstance(n, ast.Constant) and n.value == attr:
+            return True
+    return False
 
 
 def _span(src, node) -> Tuple[int, int]:
