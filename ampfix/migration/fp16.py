@@ -859,7 +859,7 @@ class Fp16Plan(Rewriter):
         fix is unsafe (the float16 path now clips, as the float32 path did)."""
         for s in conv:
             step = stmt_of(s)
-            owner, field, block = block_of(step)
+            _, _, block = block_of(step)
             i = next((k for k, x in enumerate(block) if x is step), None)
             if i is None:
                 continue

@@ -192,7 +192,7 @@ class FileChanges:
                     new_above = None
                 for k, text in ((no, new), (no - 1, new_above)):
                     a, b = src.starts[k - 1], src.line_end(k)
-                    if text is not None and not _touched(a, b, [*edits, *out]):
+                    if text is not None and not touched(a, b, [*edits, *out]):
                         out.append(Edit(a, b, "") if text == "" else Edit(a, a + len(src.line_text(k)), text))
                 if new_above is not None:
                     done.add(no - 1)
@@ -243,7 +243,7 @@ class FileChanges:
             return at
         text = " ".join(self.src.line_text(n) for n in range(first, line))
         top = self.src.starts[first - 1]
-        if speaks_of_mixed_precision(text) or _touched(top, at, edits):
+        if speaks_of_mixed_precision(text) or touched(top, at, edits):
             return at
         return top
 
@@ -251,14 +251,14 @@ class FileChanges:
         edits = list(self.edits)
         text = self.src.text
         inserts = []
-        makes = set()  # the inserts that only make something (`scaler = GradScaler(...)`)
+        makes = set()  # ids of the inserts that only make something (`scaler = GradScaler(...)`)
         for (at, indent), lines in self._inserts.items():
             body = self.b.statements(lines, indent)
             if at == len(text) and text and not text.endswith(("\n", "\r")):
                 body = self.b.nl + body
             inserts.append(Edit(at, at, body))
             if all(_assigns(line) for line in lines):
-                makes.add(len(inserts) - 1)
+                makes.add(id(inserts[-1]))
         edits = inserts + edits
         if self.removed:
             try:
@@ -287,17 +287,16 @@ class FileChanges:
                         r = Edit(cut, r.end, r.text)
                 edits.append(r)
         gone = list(remover.gone.values()) if self.removed else []
-        others = [e for e in edits if e not in inserts]
-        for k, e in enumerate(inserts):
-            if k not in makes:
-                continue  # `scaler.unscale_(opt)` before a clip: under the comment on clipping
-            top = self._above_comments(e.start, gone, others)
+        for k, e in enumerate(edits):
+            if id(e) not in makes:
+                continue  # (`scaler.unscale_(opt)` before a clip stays under the comment on clipping)
+            top = self._above_comments(e.start, gone, edits)
             if top != e.start:
-                edits[edits.index(e)] = Edit(top, top, e.text)
+                edits[k] = Edit(top, top, e.text)
         # stale commented-out code goes, unless another edit covers its line already
         for no in sorted(self._stale_lines):
             a, b = self.src.starts[no - 1], self.src.line_end(no)
-            if not _touched(a, b, edits):
+            if not touched(a, b, edits):
                 edits.append(Edit(a, b, ""))
         edits.extend(self._apex_labels(edits))
         # what the migration writes follows the module's own quotes (the module is tokenized only
@@ -374,7 +373,7 @@ def _assigns(line: str) -> bool:
     return len(body) == 1 and isinstance(body[0], (ast.Assign, ast.AnnAssign))
 
 
-def _touched(a: int, b: int, edits: Sequence[Edit]) -> bool:
+def touched(a: int, b: int, edits: Sequence[Edit]) -> bool:
     """Some edit changes text in ``[a, b)`` (or inserts inside it)."""
     return any(e.start < b and a < e.end or (e.start == e.end and a < e.start < b) for e in edits)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Sequence, Tuple
 
+from ampfix.migration.groups import touched
 from ampfix.model.edits import Conflict, Edit
 from ampfix.model.semantic import walk
 
@@ -33,15 +34,17 @@ def _dropped(edits: Sequence[Edit], a: int, b: int) -> bool:
     return False
 
 
-def _touches(edits: Sequence[Edit], a: int, b: int) -> bool:
-    return any(e.start < b and a < e.end or (e.start == e.end and a <= e.start <= b) for e in edits)
-
-
 def unread_apex_attributes_go(project, changes: Dict[str, object]) -> None:
     """Append to each file's ``final_edits`` the removal of ``self.<apex flag> = <pure value>``
     whose every read in the project lies in text those edits remove."""
     from ampfix.engine.tidy import Remover, pure
 
+    stores = [(fc, n) for fc in changes.values() for n in walk(fc.module.tree, into_functions=True)
+              if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute)
+              and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self"
+              and _names_apex(n.targets[0].attr) and pure(n.value)]
+    if not stores:
+        return
     reads: Dict[str, List[Tuple[str, ast.AST]]] = {}
     named = set()
     for path, m in project.modules.items():
@@ -51,30 +54,24 @@ def unread_apex_attributes_go(project, changes: Dict[str, object]) -> None:
             elif isinstance(n, ast.Constant) and isinstance(n.value, str) and _names_apex(n.value):
                 named.add(n.value)
     written = " ".join(e.text + e.before + e.after for fc in changes.values() for e in fc.final_edits)
-    for path, fc in changes.items():
-        src = fc.src
-        for n in walk(fc.module.tree, into_functions=True):
-            if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute)
-                    and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self"):
-                continue
-            attr = n.targets[0].attr
-            if not _names_apex(attr) or attr in named or attr in written or not pure(n.value):
-                continue
-            seen = reads.get(attr, [])
-            if not seen:
-                continue  # read by nothing before the migration either: not the migration's debris
-            if any(_read_on_another_object(p, attr) for p in project.mentioned_elsewhere(attr, other_parts=True)):
-                continue  # a file not read with this part reads it (a callback handed the trainer)
-            if not all(p in changes and _dropped(changes[p].final_edits, *_span(changes[p].src, x))
-                       for p, x in seen):
-                continue
-            try:
-                gone = Remover(src, fc.module.sem, fc.b).remove([n])
-            except Conflict:
-                continue
-            if any(_touches(fc.final_edits, e.start, e.end) for e in gone):
-                continue
-            fc.final_edits = [*fc.final_edits, *gone]
+    for fc, n in stores:
+        attr = n.targets[0].attr
+        if attr in named or attr in written:
+            continue
+        seen = reads.get(attr, [])
+        if not seen:
+            continue  # read by nothing before the migration either: not the migration's debris
+        if any(_read_on_another_object(p, attr) for p in project.mentioned_elsewhere(attr, other_parts=True)):
+            continue  # a file not read with this part reads it (a callback handed the trainer)
+        if not all(p in changes and _dropped(changes[p].final_edits, *changes[p].b.span(x)) for p, x in seen):
+            continue
+        try:
+            gone = Remover(fc.src, fc.module.sem, fc.b).remove([n])
+        except Conflict:
+            continue
+        if any(touched(e.start, e.end, fc.final_edits) for e in gone):
+            continue
+        fc.final_edits = [*fc.final_edits, *gone]
 
 
 def _read_on_another_object(path: str, attr: str) -> bool:
@@ -93,7 +90,3 @@ def _read_on_another_object(path: str, attr: str) -> bool:
         if isinstance(n, ast.Constant) and n.value == attr:
             return True
     return False
-
-
-def _span(src, node) -> Tuple[int, int]:
-    return src.offset(node.lineno, node.col_offset), src.offset(node.end_lineno, node.end_col_offset)
