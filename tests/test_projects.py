@@ -110,6 +110,10 @@ ENTRIES = {
     # a trainer class whose apex and fp32 branches differ only by amp.initialize (one assignment
     # now), a flag attribute only the removed apex branch read (it goes), callbacks around the step
     "callback_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--apex_opt_level", "O1"]],
+    # an mmcv optimizer hook scales `runner.outputs["loss"]`, which the runner's forward pass made
+    # between the hooks' before_train_iter and after_train_iter: the hook holds the autocast region
+    # (entered in a before_train_iter it gains, left first thing in after_train_iter)
+    "iteration_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
 }
 
 

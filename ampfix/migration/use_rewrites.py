@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Set
 
@@ -387,6 +388,8 @@ class UseRewrites:
             return
         if not sites and depth == 0 and self._own_forward(u, func):
             return
+        if not sites and depth == 0 and self._hook_autocast(u, func, param):
+            return
         if not sites or self.p.references(func):
             raise Refuse(f"the loss reaches line {u.line} as the parameter `{param}` of `{func.qualname}`, whose "
                          "callers cannot all be followed: wrap their forward passes in autocast by hand")
@@ -472,6 +475,78 @@ class UseRewrites:
         self.notes.add(f"the loss comes to `{func.qualname}` from callers that cannot all be followed: autocast covers "
                        f"`{fwd.qualname}`, where the object computes its loss (`{cls.name.lower()}(...)` runs it)")
         return True
+
+    #: the iteration hooks of mmcv's runners: ``before_train_iter(runner)``, then the forward pass
+    #: (``batch_processor`` or ``model.train_step``), then ``after_train_iter(runner)``
+    _ITER_HOOKS = ("before_train_iter", "after_train_iter")
+
+    def _hook_autocast(self, u: Use, func, param: str) -> bool:
+        """The loss comes to an mmcv hook's ``after_train_iter(runner)`` as ``runner.outputs``,
+        from the runner, which ran the forward pass right after the hooks' ``before_train_iter``
+        (OpenSelfSup's ``DistOptimizerHook``): no call in the project computes it, so the hook
+        itself holds the autocast region: ``before_train_iter`` enters it, ``after_train_iter``
+        leaves it before the backward.  Only for a hook class that keeps the scaler on ``self``,
+        derives from mmcv's ``Hook`` / ``OptimizerHook``, and whose class, project bases and
+        project subclasses define no ``before_train_iter`` (nor, below it, another
+        ``after_train_iter``)."""
+        c = next((cc for uu, cc in self.g.needs if uu is u), None)
+        cls, m = func.cls, u.module
+        if c is None or c.kind != "self" or cls is None or func.node.name != "after_train_iter":
+            return False
+        if [*func.positional[1:2]] != [param] or func.kwonly or func.node.args.vararg:
+            return False
+        if not self._reads_outputs(u, param):
+            return False
+        chain = [(m, cls), *self.p.ancestors(m, cls)]
+        bases = [(mm, b) for mm, k in chain for b in k.bases]
+        if not any(q.startswith("mmcv.") and q.split(".")[-1].endswith("Hook")
+                   for mm, b in bases for q in mm.sem.qnames(b)):
+            return False
+        for mm, k in chain:
+            if "mmcv" in Path(mm.path).parts[:-1]:
+                continue  # mmcv's own classes (a copy in the project): their hooks do nothing
+            if any(isinstance(x, DEFS) and x.name == "before_train_iter" for x in k.body):
+                raise Refuse(f"`{k.name}` has a `before_train_iter` of its own: the autocast region of the runner's "
+                             "forward pass cannot be planned around it; wrap the forward in autocast by hand")
+        self.p.mentioned_elsewhere(cls.name)  # read every file of the run that names the class
+        for mod in list(self.p.modules.values()):
+            if cls.name not in mod.src.text:
+                continue
+            for x in walk(mod.tree, into_functions=True):
+                if isinstance(x, ast.ClassDef) and x is not cls and any(k is cls for _, k in self.p.ancestors(mod, x)) \
+                        and any(isinstance(y, DEFS) and y.name in self._ITER_HOOKS for y in x.body):
+                    raise Refuse(f"`{x.name}` ({mod.path} line {x.lineno}) extends `{cls.name}` with iteration hooks "
+                                 "of its own: wrap the runner's forward pass in autocast by hand")
+        attr = "autocast"
+        taken = {x.attr for x in walk(cls) if isinstance(x, ast.Attribute)}
+        while attr in taken:
+            attr = "_" + attr
+        header = autocast_call(self.s, self._autocast_enabled(m, func, c))
+        arg_name = func.positional[1]
+        fc = self.fc(m)
+        body = func.node.body
+        first = 1 if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
+        if first >= len(body):
+            return False
+        fc.insert_before(body[first], [f"self.{attr}.__exit__(None, None, None)"])
+        method = [f"def before_train_iter(self, {arg_name}):", f"    self.{attr} = {header}",
+                  f"    self.{attr}.__enter__()", ""]
+        k = next(i for i, x in enumerate(cls.body) if x is func.node)
+        above = m.src.line_text(fc.b.first_line(func.node) - 1).strip() if fc.b.first_line(func.node) > 1 else ""
+        if above.startswith("#") and k > 0:
+            fc.insert_after(cls.body[k - 1], ["", *method[:-1]])
+        else:
+            fc.insert_before(func.node, method)
+        self.notes.add(f"the runner runs the forward pass between `{cls.name}`'s iteration hooks: `before_train_iter` "
+                       "enters autocast, `after_train_iter` leaves it before the backward (evaluation outside the "
+                       "training iterations runs in float32)")
+        return True
+
+    @staticmethod
+    def _reads_outputs(u: Use, param: str) -> bool:
+        """The scaled loss is ``<param>.outputs[...]`` (``runner.outputs['loss']``)."""
+        loss = arg(u.call, "loss", 0) if u.call is not None else None
+        return isinstance(loss, ast.Subscript) and dotted(loss.value) == f"{param}.outputs"
 
     def _mmcv_floor(self) -> None:
         """The project's own mmcv floor below 1.3 (:func:`ampfix.migration.switches.low_mmcv_floors`)

@@ -1,0 +1,137 @@
+"""Thirty-fifth round: an mmcv optimizer hook whose loss the runner computed.
+
+OpenSelfSup's (and DenseCL's) ``DistOptimizerHook.after_train_iter(runner)`` scales
+``runner.outputs["loss"]``; the forward pass that made it ran in mmcv's runner, between the hooks'
+``before_train_iter`` and ``after_train_iter`` (``batch_processor(model, data)``), and no call in
+the project computes it, so the migration was refused ("the loss reaches ... whose callers cannot
+all be followed").  The hook holds the autocast region now: a ``before_train_iter`` it gains enters
+it, ``after_train_iter`` leaves it first thing, before the backward.  Only for a class deriving
+from mmcv's hooks, and not where the class, its project bases or a project subclass have
+iteration hooks of their own (refused with the reason).
+"""
+from test_round17_shapes import migrated, run, write
+
+HOOK = '''\
+from mmcv.runner import OptimizerHook
+try:
+    import apex
+except:
+    print('apex is not installed')
+
+class DistOptimizerHook(OptimizerHook):
+    """Optimizer hook for distributed training."""
+
+    def __init__(self, update_interval=1, grad_clip=None, use_fp16=False):
+        self.grad_clip = grad_clip
+        self.update_interval = update_interval
+        self.use_fp16 = use_fp16
+
+    def before_run(self, runner):
+        runner.optimizer.zero_grad()
+{extra}
+    def after_train_iter(self, runner):
+        runner.outputs['loss'] /= self.update_interval
+        if self.use_fp16:
+            with apex.amp.scale_loss(runner.outputs['loss'], runner.optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            runner.outputs['loss'].backward()
+        if self.every_n_iters(runner, self.update_interval):
+            runner.optimizer.step()
+            runner.optimizer.zero_grad()
+'''
+
+TRAIN = '''\
+import torch
+from mmcv.runner import Runner
+
+from hooks import DistOptimizerHook
+try:
+    import apex
+except:
+    print('apex is not installed')
+
+
+def batch_processor(model, data, train_mode):
+    losses = model(**data)
+    return dict(loss=losses['loss'], num_samples=len(data['img']))
+
+
+def dist_train(model, data_loaders, cfg):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if 'use_fp16' in cfg and cfg.use_fp16:
+        model, optimizer = apex.amp.initialize(model.cuda(), optimizer, opt_level="O1")
+    runner = Runner(model, batch_processor, optimizer, cfg.work_dir)
+    runner.register_training_hooks(cfg.lr_config, DistOptimizerHook(**cfg.optimizer_config))
+    runner.run(data_loaders, cfg.workflow, cfg.total_epochs)
+'''
+
+
+def files(extra=""):
+    return {"hooks.py": HOOK.replace("{extra}", extra), "train.py": TRAIN}
+
+
+def test_the_hook_holds_the_autocast_region(tmp_path):
+    hook = migrated(tmp_path, files(), "hooks.py")
+    train = (tmp_path / "train.py").read_text()
+    assert "    def before_train_iter(self, runner):\n" \
+           "        self.autocast = torch.autocast(\n" \
+           "            'cuda', dtype=torch.float16, enabled=self.scaler.is_enabled()\n" \
+           "        )\n" \
+           "        self.autocast.__enter__()\n\n" \
+           "    def after_train_iter(self, runner):\n" \
+           "        self.autocast.__exit__(None, None, None)\n" \
+           "        runner.outputs['loss'] /= self.update_interval\n" \
+           "        self.scaler.scale(runner.outputs['loss']).backward()\n" in hook
+    assert "            self.scaler.step(runner.optimizer)\n            self.scaler.update()\n" in hook
+    assert "apex" not in hook.replace("apex scales", "")
+    # the scaler is made where apex was initialized and handed to the hook
+    assert "scaler = torch.amp.GradScaler('cuda', enabled=bool('use_fp16' in cfg and cfg.use_fp16))" in train
+    assert "DistOptimizerHook(**cfg.optimizer_config, scaler=scaler)\n" in train
+    assert "apex" not in train
+    # the runner's batch_processor is left as it was: the hook covers its forward
+    assert "    losses = model(**data)\n" in train
+    assert run(tmp_path).output.strip().endswith("Would rewrite 0 files; 0 problems left for a person.")
+
+
+def test_bfloat16_enters_bfloat16_autocast_without_a_scaler(tmp_path):
+    hook = migrated(tmp_path, files(), "hooks.py", "--dtype", "bfloat16")
+    assert "torch.autocast('cuda', dtype=torch.bfloat16" in hook
+    assert "self.autocast.__exit__(None, None, None)\n" in hook
+    assert "GradScaler" not in hook + (tmp_path / "train.py").read_text()
+    assert "        runner.outputs['loss'].backward()\n" in hook
+
+
+def test_a_comment_above_the_hook_stays_with_it(tmp_path):
+    hook = migrated(tmp_path, files("\n    # backward, then a step every update_interval iterations"), "hooks.py")
+    assert "        runner.optimizer.zero_grad()\n\n    def before_train_iter(self, runner):\n" in hook
+    assert "        self.autocast.__enter__()\n\n" \
+           "    # backward, then a step every update_interval iterations\n" \
+           "    def after_train_iter(self, runner):\n" in hook
+
+
+def test_a_hook_with_its_own_before_train_iter_is_refused(tmp_path):
+    write(tmp_path, files("\n    def before_train_iter(self, runner):\n        self.t = 0\n"))
+    out = run(tmp_path, "--write")
+    assert "`DistOptimizerHook` has a `before_train_iter` of its own" in out.output
+    assert "import apex" in (tmp_path / "hooks.py").read_text()
+
+
+def test_a_subclass_with_iteration_hooks_is_refused(tmp_path):
+    write(tmp_path, {**files(), "more.py": "from hooks import DistOptimizerHook\n\n\n"
+                                          "class TimedHook(DistOptimizerHook):\n"
+                                          "    def after_train_iter(self, runner):\n"
+                                          "        super().after_train_iter(runner)\n"})
+    out = run(tmp_path, "--write")
+    assert "more.py line 4) extends `DistOptimizerHook` with iteration hooks of its own" in out.output
+    assert "import apex" in (tmp_path / "hooks.py").read_text()
+
+
+def test_a_hook_of_another_framework_stays_refused(tmp_path):
+    other = files()
+    other["hooks.py"] = other["hooks.py"].replace("from mmcv.runner import OptimizerHook",
+                                                  "from myframework import OptimizerHook")
+    write(tmp_path, other)
+    out = run(tmp_path, "--write")
+    assert "whose callers cannot all be followed" in out.output
+    assert "def before_train_iter" not in (tmp_path / "hooks.py").read_text()
