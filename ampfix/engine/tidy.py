@@ -235,7 +235,7 @@ class Remover:
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
                 if heads:
                     covered = run_end  # that edit removes the whole run and the blank lines after it
-        return edits
+        return _merged_deletions(edits, self.src.text)
 
     def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:
         """The first of the comment lines right above a removed apex import when they speak of
@@ -429,6 +429,30 @@ class Remover:
 
 
 # ------------------------------------------------------------------------------ imports
+def _merged_deletions(edits: List[Edit], text: str) -> List[Edit]:
+    """Removals that overlap or touch become one (the first import of a file takes the blank
+    lines after it, the next statement removed the blank lines above it: the same lines); one
+    that starts the file takes the blank lines after it too (no file starts with a blank line)."""
+    plain = sorted((e for e in edits if not e.text and not e.region and e.start < e.end), key=lambda e: e.start)
+    others = [e for e in edits if e.text or e.region or e.start >= e.end]
+    out: List[Edit] = []
+    for e in plain:
+        if out and e.start <= out[-1].end:
+            last = out.pop()
+            e = Edit(last.start, max(last.end, e.end), "")
+        out.append(e)
+    if out and out[0].start == 0:
+        end = out[0].end
+        while end < len(text):
+            nl = text.find("\n", end)
+            if nl < 0 or text[end:nl].strip():
+                break
+            end = nl + 1
+        if end != out[0].end and not any(e.start < end and e is not out[0] for e in out + others):
+            out[0] = Edit(0, end, "")
+    return others + out
+
+
 def _alias_matches(stmt, alias, spec) -> bool:
     if isinstance(stmt, ast.Import):
         return spec.obj is None and alias.name == spec.module and (alias.asname or None) == spec.asname
