@@ -135,3 +135,118 @@ def test_a_hook_of_another_framework_stays_refused(tmp_path):
     out = run(tmp_path, "--write")
     assert "whose callers cannot all be followed" in out.output
     assert "def before_train_iter" not in (tmp_path / "hooks.py").read_text()
+
+
+# -- a project module that forwards to apex's amp (caffeinism/StyleGAN-pytorch, delira) ----------
+
+SHIM = '''\
+import contextlib
+
+try:
+    from apex import amp
+except ImportError:
+    amp = None
+
+
+@contextlib.contextmanager
+def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False, **kwargs):
+    """apex's loss scaling where apex is installed, none otherwise."""
+    if amp is None:
+        yield loss
+    else:
+        with amp.scale_loss(loss=loss, optimizers=optimizers, loss_id=loss_id, model=model,
+                            delay_unscale=delay_unscale) as _loss:
+            yield _loss
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+'''
+
+USER = '''\
+import torch
+from apex import amp
+
+from utils import count_parameters, scale_loss
+
+
+def train(model, loader, fp16):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    print(count_parameters(model))
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        with scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_forwarding_context_manager_goes_with_its_calls(tmp_path):
+    train = migrated(tmp_path, {"utils.py": SHIM, "train.py": USER}, "train.py")
+    utils = (tmp_path / "utils.py").read_text()
+    assert "from utils import count_parameters\n" in train
+    assert "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n        scaler.update()\n" in train
+    assert '    scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))\n' in train
+    assert "apex" not in train
+    # the forwarder and the imports only it read go; the rest of the module stays
+    assert utils == "def count_parameters(model):\n    return sum(p.numel() for p in model.parameters())\n"
+    assert run(tmp_path).output.strip().endswith("Would rewrite 0 files; 0 problems left for a person.")
+
+
+def test_a_forwarder_used_as_a_value_is_left(tmp_path):
+    user = USER.replace("def train(", "BACKWARD = scale_loss\n\n\ndef train(")
+    write(tmp_path, {"utils.py": SHIM, "train.py": user})
+    out = run(tmp_path, "--write")
+    assert "with scale_loss(loss, optimizer) as scaled_loss:" in (tmp_path / "train.py").read_text()
+    assert "from apex import amp" in (tmp_path / "utils.py").read_text()
+    assert "not rewritten" in out.output
+
+
+def test_a_forwarder_whose_caller_is_refused_says_why(tmp_path):
+    user = USER.replace('amp.initialize(model, optimizer, opt_level="O1")', "amp.initialize(model, optimizer, **options)")
+    user = user.replace("def train(model, loader, fp16):", "def train(model, loader, fp16, options):")
+    write(tmp_path, {"utils.py": SHIM, "train.py": user})
+    out = run(tmp_path, "--write")
+    assert (tmp_path / "utils.py").read_text() == SHIM
+    assert "`scale_loss` forwards to apex's amp.scale_loss; its call at" in out.output
+    assert "`scale_loss` forwards to apex's `apex.amp.scale_loss`" in out.output
+
+
+def test_a_function_that_does_more_than_forward_is_not_a_forwarder(tmp_path):
+    shim = SHIM.replace('    if amp is None:\n        yield loss',
+                        '    if amp is None:\n        print("no apex")\n        yield loss\n'
+                        '    elif loss_id:\n        yield loss * 2')
+    write(tmp_path, {"utils.py": shim, "train.py": USER})
+    run(tmp_path, "--write")
+    assert "with scale_loss(loss, optimizer) as scaled_loss:" in (tmp_path / "train.py").read_text()
+
+
+def test_a_re_exported_forwarder_stays_while_its_calls_are_rewritten(tmp_path):
+    api = "from utils import scale_loss\n\n__all__ = ['scale_loss']\n"
+    write(tmp_path, {"utils.py": SHIM, "train.py": USER, "api.py": api})
+    out = run(tmp_path, "--write")
+    train = (tmp_path / "train.py").read_text()
+    assert "another module takes `scale_loss` from" in out.output
+    assert "scaler.scale(loss).backward()" in train and "apex" not in train
+    utils = (tmp_path / "utils.py").read_text()
+    assert "def scale_loss(loss, optimizers" in utils and "from apex import amp" in utils
+    assert (tmp_path / "api.py").read_text() == api
+
+
+def test_the_first_import_and_the_guard_below_it_go_together():
+    """``import contextlib``, a blank line, then apex's import guard, both unused: the first
+    removal took the blank line after it and the second the blank line above it, the same line
+    (the rewrite failed with "edits overlap"); they are one removal now, and what is left does not
+    start with a blank line."""
+    from ampfix.engine.tidy import tidy
+    from ampfix.rule import ImportSpec
+
+    text = "import contextlib\n\ntry:\n    from apex import amp\nexcept ImportError:\n    amp = None\n\n\n" \
+           "def count(model):\n    return 1\n"
+    specs = [ImportSpec("apex", "amp"), ImportSpec("contextlib")]
+    assert tidy(text, "u.py", [], specs) == "def count(model):\n    return 1\n"
+    assert tidy(text.replace("contextlib\n\n", "contextlib\n"), "u.py", [], specs) == "def count(model):\n    return 1\n"
+    assert tidy('"""doc"""\nimport apex\n\nx = 1\n', "u.py", [], [ImportSpec("apex")]) == '"""doc"""\n\nx = 1\n'

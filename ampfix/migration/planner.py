@@ -12,6 +12,7 @@ from ampfix.rule import Fix
 
 def plan(project) -> Dict[str, FilePlan]:
     """The migration of a project: path -> FilePlan (the fixes and notes of its apex uses)."""
+    from ampfix.migration import shims
     from ampfix.migration.amp import AmpPlanner
     from ampfix.migration.dual import DualPlanner
     from ampfix.migration.fp16 import Fp16Planner
@@ -24,7 +25,13 @@ def plan(project) -> Dict[str, FilePlan]:
         groups.extend(dual.groups())
     except Exception:  # a planner bug: nothing of it, the others go on
         dual.dead = set()
-    project.skip = dual.dead
+    project.skip = set(dual.dead)
+    # a project's own forwarders to apex's amp: their calls are apex's (shims.py)
+    try:
+        forwarders = shims.mark(project)
+    except Exception:  # a bug: no forwarder is followed, the planners go on as before
+        forwarders = []
+    project.apex_shims = forwarders
     for planner in (AmpPlanner, Fp16Planner, FunctionApiPlanner):
         try:
             groups.extend(planner(project).groups())
@@ -62,6 +69,7 @@ def plan(project) -> Dict[str, FilePlan]:
     out: Dict[str, FilePlan] = {}
     for g in groups:
         _emit(project, g, out)
+    shims.kept_forwarders_say_why(project, groups, out)
     for path, nodes in getattr(project, "uninitialized", {}).items():
         fp = out.setdefault(path, FilePlan(path))
         for n in nodes:
@@ -94,10 +102,25 @@ def _apex_nodes(m) -> list:
 
 
 def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
+    from ampfix.model.apex import replacement_for, stand_in
+    from ampfix.project.plan import PlannedReport
+
     others = [p for p in g.paths]
     for path in g.paths:
         fp = out.setdefault(path, FilePlan(path))
         uses = g.uses.get(path, [])
+        m = project.module(path)
+        # a call of the project's forwarder to apex (shims.py): no rule sees apex there, so the
+        # planner reports it itself, with the fix or the reason
+        stand_ins = [(u, stand_in(m.sem, u)) for u in uses if m is not None and stand_in(m.sem, u)]
+        for k, (u, q) in enumerate(stand_ins):
+            msg = f"`{m.src.code(u)}` forwards to apex's `{q}`; use {replacement_for(q)}"
+            if g.refusal is not None:
+                where = " (with " + ", ".join(o for o in others if o != path) + ")" if len(others) > 1 else ""
+                msg += f" (not rewritten{where}: {g.refusal})"
+            fp.reports.append(PlannedReport(u.lineno, m.src.char_col(u.lineno, u.col_offset), u.end_lineno,
+                                            m.src.char_col(u.end_lineno, u.end_col_offset), msg, None))
+        uses = [u for u in uses if all(u is not x for x, _ in stand_ins)] or uses
         if g.refusal is not None:
             if uses:
                 where = ""
@@ -118,11 +141,13 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
                   names_may_go=_private_flags(project, path))
         for u in uses:
             fp.fixes[(u.lineno, u.col_offset)] = fix
+        mine = [r for r in fp.reports if r.fix is None and stand_ins and any(
+            r.line == u.lineno and r.col == m.src.char_col(u.lineno, u.col_offset) for u, _ in stand_ins)]
+        for r in mine[:1]:
+            r.fix = fix
         if not uses:
             # a file the group edits without an apex use of its own (a caller that now passes
             # the scaler): the planner reports there itself, with the fix
-            from ampfix.project.plan import PlannedReport
-
             src = fc.src
             for i, (node, msg) in enumerate(g.anchors.get(path, [])):
                 fp.reports.append(PlannedReport(node.lineno, src.char_col(node.lineno, node.col_offset),
@@ -136,7 +161,10 @@ def rewrites(project, g: Group) -> List[tuple]:
     """The group's edits of each file, as self-contained tries for :func:`try_rewrite`."""
     from ampfix.migration.stale_attributes import unread_apex_attributes_go
 
+    from ampfix.migration.shims import forwarders_go
+
     out = []
+    forwarders_go(project, g)
     for fc in g.changes.values():
         fc.final_edits = fc.finish()
     unread_apex_attributes_go(project, g.changes)

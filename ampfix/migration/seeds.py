@@ -9,7 +9,7 @@ from typing import List, Optional, Set
 from ampfix.migration.flow import (
     stmt_of,
 )
-from ampfix.model.apex import installed_test
+from ampfix.model.apex import installed_test, stand_in_imports
 from ampfix.rule import ImportSpec
 from ampfix.model.semantic import dotted, walk
 
@@ -205,4 +205,4 @@ def apex_import_specs(module) -> List[ImportSpec]:
             for a in imp.names:
                 if a.name != "*":
                     out.append(ImportSpec(imp.module, a.name, a.asname))
-    return out
+    return out + stand_in_imports(module.sem)

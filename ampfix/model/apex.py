@@ -264,7 +264,29 @@ def _through_alias(node: ast.Attribute, aliases) -> Optional[str]:
     return ".".join([hit[1], *rest])
 
 
+def stands_for_apex(sem, node, qname: str, spec=None) -> None:
+    """Record that the callee ``node`` (``amp.scale_loss`` of ``import amp_support as amp``) is a
+    call of apex's ``qname`` under another name: a project function that only forwards to it
+    (:mod:`ampfix.migration.shims`); ``spec``, the import that binds it, goes once nothing reads it."""
+    sem.__dict__.setdefault("_apex_stand_ins", {})[id(node)] = qname
+    if spec is not None:
+        sem.__dict__.setdefault("_apex_stand_in_imports", []).append(spec)
+
+
+def stand_in(sem, node) -> Optional[str]:
+    """The apex function the callee ``node`` stands for (:func:`stands_for_apex`), or None."""
+    return sem.__dict__.get("_apex_stand_ins", {}).get(id(node))
+
+
+def stand_in_imports(sem) -> list:
+    """The imports of the module's stand-ins for apex (:func:`stands_for_apex`)."""
+    return list(sem.__dict__.get("_apex_stand_in_imports", ()))
+
+
 def apex_qname(sem, node) -> Optional[str]:
+    stand_in = sem.__dict__.get("_apex_stand_ins")
+    if stand_in and id(node) in stand_in:
+        return stand_in[id(node)]
     names = sorted(q for q in sem.qnames(node) if q == "apex" or q.startswith("apex."))
     if names:
         return canonical(names[0])
