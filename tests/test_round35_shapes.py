@@ -250,3 +250,56 @@ def test_the_first_import_and_the_guard_below_it_go_together():
     assert tidy(text, "u.py", [], specs) == "def count(model):\n    return 1\n"
     assert tidy(text.replace("contextlib\n\n", "contextlib\n"), "u.py", [], specs) == "def count(model):\n    return 1\n"
     assert tidy('"""doc"""\nimport apex\n\nx = 1\n', "u.py", [], [ImportSpec("apex")]) == '"""doc"""\n\nx = 1\n'
+
+
+# -- apex set up in one block inside the loop (dvl-tum/intra_batch, holdout round35b) ----------
+
+SETUP_BLOCK = '''\
+import torch
+
+
+class Trainer:
+    def __init__(self, config):
+        self.config = config
+
+    def train(self, model, loader):
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(2):
+            self.model = model
+
+            # Do training in mixed precision
+            if self.config["is_apex"]:
+                global amp
+                from apex import amp
+                self.model, self.opt = amp.initialize(self.model, self.opt, opt_level="O1")
+            if i > 0:
+                self.model.train()
+            self.execute(loader)
+
+    def execute(self, loader):
+        for x in loader:
+            loss = self.model(x).sum()
+            if self.config["is_apex"]:
+                with amp.scale_loss(loss, self.opt) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            self.opt.step()
+'''
+
+
+def test_a_block_of_apex_setup_goes_with_the_comment_that_describes_it(tmp_path):
+    """``# Do training in mixed precision`` above ``if is_apex: global amp; from apex import amp;
+    <initialize>``: the initialize went first and the import and ``global`` later, by the tidy, so
+    the emptied ``if`` went without its comment, which then sat above the next statement."""
+    out = migrated(tmp_path, {"trainer.py": SETUP_BLOCK}, "trainer.py")
+    assert "mixed precision" not in out and "global amp" not in out and "from apex" not in out
+    assert "            self.model = model\n\n            if i > 0:\n" in out
+    assert "self.scaler.scale(loss).backward()" in out
+
+
+def test_a_block_with_more_than_apex_setup_keeps_its_comment(tmp_path):
+    src = SETUP_BLOCK.replace("                global amp\n", "                global amp\n                self.half = True\n")
+    out = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
+    assert "            # Do training in mixed precision\n            if self.config[\"is_apex\"]:\n" \
+           "                self.half = True\n" in out

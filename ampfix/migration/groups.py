@@ -63,6 +63,10 @@ class FileChanges:
         self._before.setdefault(at, stmt)
         self._inserts.setdefault((at, self.b.indent(stmt)), []).extend(lines)
 
+    def inserted_before(self, stmt) -> bool:
+        """Whether lines are to be inserted where ``stmt`` starts."""
+        return self.src.starts[self.b.first_line(stmt) - 1] in self._before
+
     def insert_after(self, stmt, lines: Sequence[str], indent: Optional[str] = None) -> None:
         # after the last statement of its line (`clip(...); opt.step()` too): the new lines follow
         # that line, in the same block; something after it on the line would run before them

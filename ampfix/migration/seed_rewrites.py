@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set, Tuple
 
-from ampfix.model.apex import apex_value_condition, fold_installed
+from ampfix.engine.tidy import reports_apex
+from ampfix.model.apex import apex_value_condition, fold_installed, imports_apex
 from ampfix.model.analysis import (is_const, is_log_call, kwargs, method_call, number_value, receiver, scalar_assignment,
                                    string_value)
 from ampfix.migration.groups import Refuse
@@ -598,8 +599,32 @@ class SeedRewrites:
         if after:
             self.fc(s.module).replace_statement(s.stmt, after)
         else:
-            self.fc(s.module).remove(s.stmt, described=True)
+            fc = self.fc(s.module)
+            fc.remove(s.stmt, described=True)
+            owner = block_of(s.stmt)[0]
+            # (not when the scaler is made right before that block's owner: the owner goes later)
+            if isinstance(owner, ast.stmt) and not fc.inserted_before(owner):
+                for st in self._apex_setup_beside(s):
+                    if id(st) not in fc.touched:
+                        fc.remove(st, described=True)
             self._dummy_optimizer_goes(s)
+
+    @staticmethod
+    def _apex_setup_beside(s: Seed) -> List[ast.stmt]:
+        """The rest of the initialize's block when it is all apex's setup: its imports, ``global``
+        declarations of the names they bind, log lines that speak of apex (``if is_apex: global amp;
+        from apex import amp; model, opt = amp.initialize(...)``).  They go with the initialize in
+        one step, so the emptied block's comment above it (``# Do training in mixed precision``)
+        goes with it as one describing it; the import tidy would have left that comment behind."""
+        owner, _, block = block_of(s.stmt)
+        if owner is None or isinstance(owner, ast.Module):
+            return []
+        others = [x for x in block if x is not s.stmt]
+        names = {(a.asname or a.name).split(".")[0] for x in others if imports_apex(x) for a in x.names}
+        if not others or not all(imports_apex(x) or reports_apex(x) or (
+                isinstance(x, ast.Global) and set(x.names) <= names) for x in others):
+            return []
+        return others
 
     def _else_says_the_same(self, s: Seed, after: List[str]) -> bool:
         """``if opt_level: self.model, self.optimizer = amp.initialize(model, optimizer, ...)`` with
