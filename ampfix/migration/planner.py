@@ -111,27 +111,30 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
         uses = g.uses.get(path, [])
         m = project.module(path)
         # a call of the project's forwarder to apex (shims.py): no rule sees apex there, so the
-        # planner reports it itself, with the fix or the reason
+        # planner reports it itself, with the fix (on the first) or the reason
         stand_ins = [(u, stand_in(m.sem, u)) for u in uses if m is not None and stand_in(m.sem, u)]
-        for k, (u, q) in enumerate(stand_ins):
-            msg = f"`{m.src.code(u)}` forwards to apex's `{q}`; use {replacement_for(q)}"
-            if g.refusal is not None:
-                where = " (with " + ", ".join(o for o in others if o != path) + ")" if len(others) > 1 else ""
-                msg += f" (not rewritten{where}: {g.refusal})"
-            fp.reports.append(PlannedReport(u.lineno, m.src.char_col(u.lineno, u.col_offset), u.end_lineno,
-                                            m.src.char_col(u.end_lineno, u.end_col_offset), msg, None))
         uses = [u for u in uses if all(u is not x for x, _ in stand_ins)] or uses
+        where = " (with " + ", ".join(o for o in others if o != path) + ")" if len(others) > 1 else ""
+
+        def report_stand_ins(fix) -> None:
+            for k, (u, q) in enumerate(stand_ins):
+                msg = f"`{m.src.code(u)}` forwards to apex's `{q}`; use {replacement_for(q)}"
+                if g.refusal is not None:
+                    msg += f" (not rewritten{where}: {g.refusal})"
+                fp.reports.append(PlannedReport(u.lineno, m.src.char_col(u.lineno, u.col_offset), u.end_lineno,
+                                                m.src.char_col(u.end_lineno, u.end_col_offset), msg,
+                                                fix if k == 0 else None))
+
         if g.refusal is not None:
+            report_stand_ins(None)
             if uses:
-                where = ""
-                if len(others) > 1:
-                    where = " (with " + ", ".join(o for o in others if o != path) + ")"
                 # a noqa'd use reports nothing: then every use carries the reason
                 for u in (uses if g.refusal.startswith("line ") and "noqa" in g.refusal else uses[:1]):
                     fp.notes[(u.lineno, u.col_offset)] = f"not rewritten{where}: {g.refusal}"
             continue
         fc = g.changes.get(path)
         if fc is None:
+            report_stand_ins(None)
             continue
         desc = g.description + (" (" + "; ".join(sorted(g.notes)) + ")" if g.notes else "")
         if g.unsafe:
@@ -141,10 +144,7 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
                   names_may_go=_private_flags(project, path))
         for u in uses:
             fp.fixes[(u.lineno, u.col_offset)] = fix
-        mine = [r for r in fp.reports if r.fix is None and stand_ins and any(
-            r.line == u.lineno and r.col == m.src.char_col(u.lineno, u.col_offset) for u, _ in stand_ins)]
-        for r in mine[:1]:
-            r.fix = fix
+        report_stand_ins(fix)
         if not uses:
             # a file the group edits without an apex use of its own (a caller that now passes
             # the scaler): the planner reports there itself, with the fix
@@ -159,9 +159,8 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
 
 def rewrites(project, g: Group) -> List[tuple]:
     """The group's edits of each file, as self-contained tries for :func:`try_rewrite`."""
-    from ampfix.migration.stale_attributes import unread_apex_attributes_go
-
     from ampfix.migration.shims import forwarders_go
+    from ampfix.migration.stale_attributes import unread_apex_attributes_go
 
     out = []
     forwarders_go(project, g)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ampfix.migration.seeds import apex_import_specs
-from ampfix.model.analysis import is_log_call
+from ampfix.model.analysis import import_spec, is_log_call
 from ampfix.model.apex import apex_qname, stands_for_apex
 from ampfix.model.edits import Edit
 from ampfix.model.semantic import dotted, walk
@@ -151,26 +151,6 @@ def find(project) -> List[Shim]:
     return out
 
 
-def _import_spec(sem, node) -> Optional[ImportSpec]:
-    """The import that binds the name a call starts with (``amp`` of ``amp.scale_loss``)."""
-    base = node
-    while isinstance(base, ast.Attribute):
-        base = base.value
-    if not isinstance(base, ast.Name):
-        return None
-    bs = sem.bindings_of(base)
-    if len(bs) != 1 or bs[0].kind != "import":
-        return None
-    stmt = bs[0].node
-    for a in stmt.names:
-        if (a.asname or a.name.split(".")[0]) != base.id:
-            continue
-        if isinstance(stmt, ast.Import):
-            return ImportSpec(a.name, None, a.asname)
-        return ImportSpec("." * stmt.level + (stmt.module or ""), a.name, a.asname)
-    return None
-
-
 def mark(project) -> List[Shim]:
     """Each call of a forwarder becomes a use of apex's function for every planner (read by
     :func:`ampfix.model.apex.apex_qname`), apex's use inside the forwarder none (the forwarder
@@ -180,10 +160,17 @@ def mark(project) -> List[Shim]:
     for s in shims:
         project.skip.update(id(n) for n in walk(s.func.node) if isinstance(n, (ast.Name, ast.Attribute)))
         for cs in s.sites:
-            sem = cs.module.sem
-            stands_for_apex(sem, cs.node.func, "apex.amp." + s.kind, _import_spec(sem, cs.node.func))
-    project.apex_shims = shims
+            base = cs.node.func
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            spec = import_spec(cs.module.sem, base, relative=True) if isinstance(base, ast.Name) else None
+            stands_for_apex(cs.module.sem, cs.node.func, "apex.amp." + s.kind, spec)
     return shims
+
+
+def _rewrites(g, cs) -> bool:
+    """The group ``g`` holds the call ``cs`` of a forwarder as one of its uses."""
+    return any(n is cs.node.func for n in g.uses.get(cs.module.path, ()))
 
 
 def forwarders_go(project, g) -> None:
@@ -194,8 +181,7 @@ def forwarders_go(project, g) -> None:
     anything, is emptied, and the note says to delete it."""
     by_module = {}
     for s in getattr(project, "apex_shims", ()):
-        if s.sites and not g.uses.get(s.module.path) and all(
-                any(n is cs.node.func for n in g.uses.get(cs.module.path, ())) for cs in s.sites):
+        if s.sites and not g.uses.get(s.module.path) and all(_rewrites(g, cs) for cs in s.sites):
             by_module.setdefault(s.module.path, []).append(s)
     for path, shims in by_module.items():
         module = shims[0].module
@@ -254,14 +240,13 @@ def _taken(project, module, calls) -> set:
     for m in list(project.modules.values()):
         if m is module:
             continue
+        loads = {}  # name -> its reads in the module (computed once, where the module imports ours)
         for imp in m.sem.imports:
             if isinstance(imp, ast.ImportFrom):
                 if project.module_named(project.absolute(m, "." * imp.level + (imp.module or "")), near=m) is not module:
                     continue
                 for a in imp.names:
-                    bound = a.asname or a.name
-                    reads = [n for n in walk(m.tree, into_functions=True)
-                             if isinstance(n, ast.Name) and n.id == bound and isinstance(n.ctx, ast.Load)]
+                    reads = _loads(m, loads).get(a.asname or a.name, [])
                     if a.name == "*" or not reads or any(id(n) not in calls for n in reads):
                         out.add(a.name)
                 continue
@@ -271,16 +256,23 @@ def _taken(project, module, calls) -> set:
                 if a.asname is None and "." in a.name:
                     out.add("*")
                     continue
-                bound = a.asname or a.name
-                for n in walk(m.tree, into_functions=True):
-                    if isinstance(n, ast.Name) and n.id == bound and isinstance(n.ctx, ast.Load):
-                        parent = getattr(n, "_p", None)
-                        if isinstance(parent, ast.Attribute) and parent.value is n:
-                            if id(parent) not in calls:
-                                out.add(parent.attr)
-                        else:
-                            out.add("*")
+                for n in _loads(m, loads).get(a.asname or a.name, []):
+                    parent = getattr(n, "_p", None)
+                    if not (isinstance(parent, ast.Attribute) and parent.value is n):
+                        out.add("*")
+                    elif id(parent) not in calls:
+                        out.add(parent.attr)
     return out
+
+
+def _loads(m, cache: dict) -> dict:
+    """The module's reads of names, by name (filled into ``cache`` the first time)."""
+    if not cache:
+        for n in walk(m.tree, into_functions=True):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                cache.setdefault(n.id, []).append(n)
+        cache.setdefault("", [])  # (walked: a module that reads no name is not walked again)
+    return cache
 
 
 def _helpers_only_of(project, module, fn) -> List[ast.stmt]:
@@ -321,17 +313,13 @@ def kept_forwarders_say_why(project, groups, out) -> None:
     from ampfix.project.plan import FilePlan
 
     for s in getattr(project, "apex_shims", ()):
-        why = None
+        why = s.kept  # (set only where every call's group was planned: a refusal below says more)
         for cs in s.sites:
-            g = next((g for g in groups if any(n is cs.node.func for n in g.uses.get(cs.module.path, ()))), None)
+            g = next((g for g in groups if _rewrites(g, cs)), None)
             if g is None or g.refusal is not None:
                 why = f"its call at {cs.module.path} line {cs.node.lineno} is not rewritten" + (
                     f": {g.refusal}" if g is not None else "")
                 break
-        if why is None and s.kept is not None and any(
-                g.refusal is None and any(n is s.sites[0].node.func for n in g.uses.get(s.sites[0].module.path, ()))
-                for g in groups):
-            why = s.kept
         if why is None:
             continue
         fp = out.setdefault(s.module.path, FilePlan(s.module.path))

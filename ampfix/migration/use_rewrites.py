@@ -522,17 +522,13 @@ class UseRewrites:
         while attr in taken:
             attr = "_" + attr
         header = autocast_call(self.s, self._autocast_enabled(m, func, c))
-        arg_name = func.positional[1]
         fc = self.fc(m)
-        body = func.node.body
-        first = 1 if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
-        if first >= len(body):
-            return False
-        fc.insert_before(body[first], [f"self.{attr}.__exit__(None, None, None)"])
-        method = [f"def before_train_iter(self, {arg_name}):", f"    self.{attr} = {header}",
+        fc.insert_before(code_body(func.node.body)[0], [f"self.{attr}.__exit__(None, None, None)"])
+        method = [f"def before_train_iter(self, {param}):", f"    self.{attr} = {header}",
                   f"    self.{attr}.__enter__()", ""]
         k = next(i for i, x in enumerate(cls.body) if x is func.node)
-        above = m.src.line_text(fc.b.first_line(func.node) - 1).strip() if fc.b.first_line(func.node) > 1 else ""
+        top = fc.b.first_line(func.node)
+        above = m.src.line_text(top - 1).strip() if top > 1 else ""
         if above.startswith("#") and k > 0:
             fc.insert_after(cls.body[k - 1], ["", *method[:-1]])
         else:

@@ -587,8 +587,9 @@ def scalers_for(ctx, unit) -> Set[str]:
     return ctx.cached(("scalers", id(unit)), compute)
 
 
-def import_spec(sem, name_node):
-    """The ImportSpec of the import that binds ``name_node`` where it is read (None if none)."""
+def import_spec(sem, name_node, relative: bool = False):
+    """The ImportSpec of the import that binds ``name_node`` where it is read (None if none);
+    ``relative``: a relative ``from .x import y`` too (``.x`` as the spec's module)."""
     from ampfix.rule import ImportSpec
 
     for b in sem.bindings_of(name_node):
@@ -599,8 +600,8 @@ def import_spec(sem, name_node):
             if isinstance(imp, ast.Import):
                 if (a.asname or a.name.split(".")[0]) == name_node.id:
                     return ImportSpec(a.name if a.asname else a.name.split(".")[0], None, a.asname)
-            elif (a.asname or a.name) == name_node.id and not imp.level and imp.module:
-                return ImportSpec(imp.module, a.name, a.asname)
+            elif (a.asname or a.name) == name_node.id and (imp.module if not imp.level else relative):
+                return ImportSpec("." * imp.level + (imp.module or ""), a.name, a.asname)
     return None
 
 

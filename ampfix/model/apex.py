@@ -284,9 +284,9 @@ def stand_in_imports(sem) -> list:
 
 
 def apex_qname(sem, node) -> Optional[str]:
-    stand_in = sem.__dict__.get("_apex_stand_ins")
-    if stand_in and id(node) in stand_in:
-        return stand_in[id(node)]
+    q = stand_in(sem, node)
+    if q is not None:
+        return q
     names = sorted(q for q in sem.qnames(node) if q == "apex" or q.startswith("apex."))
     if names:
         return canonical(names[0])
