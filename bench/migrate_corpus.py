@@ -387,10 +387,12 @@ def unpassed(root: Path, added: list) -> tuple:
                 p = parent.get(p)
             return p
 
-        for c in ast.walk(tree):
-            if not isinstance(c, ast.Call):
-                continue
-            func = c.func
+        def choices(e):
+            # `(AMPTrainer if fp16 else SimpleTrainer)(...)` calls whichever the test picks
+            return [*choices(e.body), *choices(e.orelse)] if isinstance(e, ast.IfExp) else [e]
+
+        calls = [(c, func) for c in ast.walk(tree) if isinstance(c, ast.Call) for func in choices(c.func)]
+        for c, func in calls:
             if isinstance(func, ast.Name):
                 source, callee = brought.get(func.id, (None, func.id))
                 if func.id in own:

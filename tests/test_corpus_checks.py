@@ -152,3 +152,16 @@ def test_merge_joins_runs_over_disjoint_repositories(tmp_path):
     assert next(m for m in d["modules"] if m["repo"] == held)["holdout"] is True
     with pytest.raises(SystemExit):
         mc.merge([a, run("c.json", held, "refused")], None)
+
+
+def test_a_class_picked_by_a_conditional_expression_is_a_call_of_its_init(tmp_path):
+    """``(AMPTrainer if fp16 else Model)(cfg)`` builds whichever the test picks: a call of
+    ``Model.__init__`` that must pass what it now requires."""
+    (tmp_path / "m.py").write_text("class Model:\n    def __init__(self, cfg, *, scaler):\n        pass\n")
+    (tmp_path / "run.py").write_text("from m import Model\n"
+                                     "(Other if fp16 else Model)(cfg)\n"              # misses scaler
+                                     "(Other if fp16 else Model)(cfg, scaler=s)\n")   # passes it
+    got = [("__init__", "Model", ["self", "cfg"], "scaler", str(tmp_path / "m.py"))]
+    missing, unseen = mc.unpassed(tmp_path, got)
+    assert [text for _, text in missing] == ["run.py:2 Model(...) without `scaler`"]
+    assert unseen == set()

@@ -118,6 +118,12 @@ ENTRIES = {
     # amp`): its calls are apex's, rewritten as such; the forwarders go, and the module is left
     # empty for a person to delete
     "apex_shim": [["train.py", "--steps", "5"], ["train.py", "--steps", "5", "--opt-level", "O0"]],
+    # the shared backward reached through `from utils import *` (utils/__init__.py only imports it);
+    # the actor's and the critic's setups, called one after the other, share one GradScaler
+    "star_package": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    # the trainer class is picked by a conditional expression, `(AMPTrainer if fp16 else
+    # SimpleTrainer)(...)`, and AMPTrainer has no __init__ of its own: the base's takes the scaler
+    "trainer_choice": [["train.py", "--iters", "10"], ["train.py", "--iters", "10", "--fp16"]],
 }
 
 

@@ -138,7 +138,7 @@ def test_a_subclass_refuses(tmp_path):
     sub = "from trainer import Trainer\n\n\nclass Fancy(Trainer):\n    def fit(self, loader):\n" \
           "        self.optimizer.backward(loader)\n"
     refused(tmp_path, {"trainer.py": TRAINER, "main.py": MAIN, "fancy.py": sub},
-            "`Trainer.__init__` is used other than by a call")
+            "`Fancy` (", "subclasses `Trainer`, which keeps the optimizer: pass the scaler there by hand")
 
 
 def test_the_optimizer_read_around_the_class_refuses(tmp_path):

@@ -860,6 +860,10 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         #: helper calls that are the scaled backward in their caller: what reads gradients there is checked last
         self.reads_after_calls: List[tuple] = []
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
+        #: (path, id of a block, target, the scaler's code) -> the call statement it was made after
+        self.made_in_block: Dict[tuple, ast.stmt] = {}
+        #: what shares one scaler, where the setups called in one block do (see _made_already)
+        self.shared_by_setups: Optional[str] = None
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
         self.installed_folded: Set[int] = set()  # tests of whether apex is installed, folded
         self.made_before: Dict[tuple, dict] = {}  # (path, id of the statement, target) -> the scaler made there

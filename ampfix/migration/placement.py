@@ -161,7 +161,7 @@ class Solver:
 
     def _via_init(self, module, func) -> Optional[Carrier]:
         init = self.p.method(module, func.cls, "__init__")
-        if init is None or init.cls is not func.cls:
+        if init is None:
             return None
         c = self.solve(init.module, init)
         if c is None or c.kind != "param":

@@ -187,6 +187,43 @@ class SeedRewrites:
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: `{home.func.cls.name}` sets up native AMP "
                        f"where `{home.switch}` is set")
 
+    def _made_already(self, s: Seed, target: str, made: str) -> bool:
+        """A setup called twice in one block (``self.actor, ... = self.init_trainable(...)``, then
+        the critic's) makes the same scaler after each call: apex had one loss scaler for both, and
+        the second ``self.scaler = GradScaler(...)`` would throw the first away.  The one made after
+        the earlier call serves both, where nothing between rebinds what its arguments read."""
+        if getattr(s, "before_call", False):
+            return False
+        _, _, block = block_of(s.stmt)
+        key = (s.module.path, id(block), target, made)
+        earlier = self.made_in_block.get(key)
+        if earlier is None or earlier not in block or block.index(earlier) > block.index(s.stmt):
+            self.made_in_block[key] = s.stmt
+            return False
+        try:
+            made_tree = ast.parse(made.strip())
+        except SyntaxError:
+            return False
+        if not (len(made_tree.body) == 1 and isinstance(made_tree.body[0], ast.Assign)):
+            return False
+        reads = {dotted(n) for n in ast.walk(made_tree.body[0].value) if isinstance(n, (ast.Name, ast.Attribute))}
+        reads = {r for r in reads if r}
+        between = block[block.index(earlier) + 1: block.index(s.stmt) + 1]
+        for st in between:
+            for n in walk(st, into_functions=False):
+                if isinstance(getattr(n, "ctx", None), (ast.Store, ast.Del)):
+                    d = dotted(n)
+                    if d is None or d == target:
+                        continue
+                    if any(r == d or r.startswith(d + ".") or d.startswith(r + ".") for r in reads):
+                        self.made_in_block[key] = s.stmt
+                        return False
+        self.shared_by_setups = (f"`{s.exported_from[0].func.qualname}`'s calls at lines {earlier.lineno} and "
+                                 f"{s.stmt.lineno}")
+        self.notes.add("the setup is called twice in one block: one GradScaler serves both, as apex's one loss "
+                       "scaler did")
+        return True
+
     def _options(self, s: Seed):
         call = s.call
         kws = kwargs(call)
@@ -518,6 +555,8 @@ class SeedRewrites:
                                  "make the scaler by hand")
                 return
             done[key] = made
+            if made and self._made_already(s, target, made):
+                return
             if made and getattr(s, "before_call", False):
                 fc.insert_before(s.stmt, [made])
             elif made:

@@ -696,6 +696,13 @@ class UseRewrites:
                 if not self._steps_through_wrapper(u, c, names, unit, backs, key):
                     self._steps_elsewhere(u, c, names)
                 continue
+            if self.shared_by_setups and any(not runs_as_often(b, stmt_of(s), unit) for b in backs for s in converted):
+                # one scaler for the optimizers of two setups: the other optimizer's update()
+                # would change the scale between this one's accumulated backwards
+                raise Refuse(f"one GradScaler serves the optimizers of {self.shared_by_setups}, and the step at "
+                             f"{u.module.path} line {converted[0].lineno} runs on fewer iterations than the scaled "
+                             "backward (accumulation): the other optimizer's scaler.update() would change the scale "
+                             "mid-accumulation; make a scaler per optimizer by hand")
             fc = self.fc(u.module)
             if not self.noscale:
                 self._backwards_before_the_step(u, c, unit, backs, converted)

@@ -84,6 +84,22 @@ class CallSite:
         return None
 
 
+def _chosen_call(n: ast.AST) -> Optional[ast.Call]:
+    """The call whose callee is a conditional expression with ``n`` as one of its choices."""
+    p = getattr(n, "_p", None)
+    while isinstance(p, ast.IfExp) and n is not p.test:
+        c = getattr(p, "_p", None)
+        if isinstance(c, ast.Call) and c.func is p:
+            return c
+        n, p = p, c
+    return None
+
+
+def _choices(e: ast.AST) -> List[ast.AST]:
+    """What a conditional expression (``a if t else b if u else c``) may give."""
+    return [*_choices(e.body), *_choices(e.orelse)] if isinstance(e, ast.IfExp) else [e]
+
+
 def _partial_calls(n) -> Optional[List[ast.Call]]:
     """``alias = partial(f, a, b)`` (``n`` is ``f``) in a function (or the module) whose every other
     use of ``alias`` calls it: those calls, which call ``f`` with ``a, b`` first; None otherwise
@@ -265,20 +281,48 @@ class Project:
         """The functions and classes ``from <mod> import *`` binds in ``module``, where ``mod`` is a
         module of the project (its ``__all__`` where it lists them, else its public defs): so a
         call of ``train_model`` there is the project's (UER-py's finetune scripts share one
-        ``train_model`` that way).  Imports and other globals it passes on are not followed."""
-        # only a module read already (a file that names apex is): looking further would read
-        # files in an order that changes what other names resolve to
-        target = self.loaded_named(self.absolute(module, mod))
-        if target is None or target is module:
+        ``train_model`` that way), and what a package's ``__init__`` imports from its own modules;
+        other globals it passes on are not followed.  A module not read yet is only peeked at:
+        reading it here would read files in an order that changes what other names resolve to."""
+        name = self.absolute(module, mod)
+        target = self.loaded_named(name)
+        if target is module:
             return ()
-        defs = [n.name for n in target.tree.body if isinstance(n, (FUNC, ast.ClassDef))]
+        tree = target.tree if target is not None else self._peek(module, name)
+        if tree is None:
+            return ()
+        defs = [n.name for n in tree.body if isinstance(n, (FUNC, ast.ClassDef))]
+        # a package's ``__init__`` passes on what it imports from its own modules
+        # (``from .ppo_util import step``): ``from util import *`` binds those too
+        defs += [a.asname or a.name for n in tree.body
+                 if isinstance(n, ast.ImportFrom) and n.level and n.module for a in n.names if a.name != "*"]
         listed = None
-        for n in target.tree.body:
+        for n in tree.body:
             if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets) \
                     and isinstance(n.value, (ast.List, ast.Tuple)) and all(
                         isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.value.elts):
                 listed = {e.value for e in n.value.elts}
         return tuple(d for d in defs if (d in listed if listed is not None else not d.startswith("_")))
+
+    def _peek(self, module: "Module", name: str) -> Optional[ast.Module]:
+        """The parsed file the dotted ``name`` imports from ``module`` (its own folder first, then
+        the project's import roots) without reading it into the project: what a star import binds
+        must not change which modules the run has read (that decides what other names resolve to)."""
+        if not self.load_more or not name:
+            return None
+        parts = name.split(".")
+        for folder in (Path(module.path).resolve().parent, *self.roots):
+            for cand in (folder.joinpath(*parts).with_suffix(".py"), folder.joinpath(*parts, "__init__.py")):
+                if cand.is_file():
+                    peeked = self.__dict__.setdefault("_peeked", {})
+                    key = str(cand.resolve())
+                    if key not in peeked:
+                        try:
+                            peeked[key] = ast.parse(cand.read_bytes())
+                        except (OSError, SyntaxError, ValueError):
+                            peeked[key] = None
+                    return peeked[key]
+        return None
 
     def _add(self, path: str, src: Source, editable: bool) -> Optional[Module]:
         if src.tree is None:
@@ -683,8 +727,18 @@ class Project:
                         if isinstance(p, ast.Attribute) and p.value is n:
                             continue
                         if isinstance(n, ast.Name) or isinstance(n.value, ast.Name):
-                            f, _ = self.resolve(m, n)
+                            f, bound = self.resolve(m, n)
                             if f is None:
+                                continue
+                            chosen = _chosen_call(n)
+                            if chosen is not None and all(
+                                    self.resolve(m, x)[0] is f for x in _choices(chosen.func)):
+                                # `(AMPTrainer if fp16 else SimpleTrainer)(model, loader, optimizer)`
+                                # where both are built by one __init__: a call of it, whichever
+                                # the test picks (an argument added goes to both)
+                                sites = self._calls.setdefault(id(f.node), [])
+                                if not any(c.node is chosen for c in sites):
+                                    sites.append(CallSite(chosen, m, m.function_of(chosen), f, bound))
                                 continue
                             calls = _partial_calls(n)
                             if calls is None:
@@ -748,17 +802,38 @@ class Project:
         return f.cls.name if f.node.name == "__init__" and f.cls is not None else f.node.name
 
     def callers(self, f: Function) -> List[CallSite]:
-        name = self._called_as(f)
-        self._load_mentioning(name)
-        self._index_calls(name)
+        self._index_function(f)
         return self._calls.get(id(f.node), [])
 
     def references(self, f: Function) -> List[ast.AST]:
         """Uses of the function other than calling it (passed as a callback, stored)."""
-        name = self._called_as(f)
-        self._load_mentioning(name)
-        self._index_calls(name)
+        self._index_function(f)
         return self._refs.get(id(f.node), [])
+
+    def _index_function(self, f: Function) -> None:
+        """Index the calls of ``f`` and the other uses of its name.  An ``__init__`` is also called
+        by building a project subclass that has none of its own (``class AMPTrainer(SimpleTrainer)``
+        built as ``AMPTrainer(model, loader, optimizer)``): those classes' names are indexed too, and
+        naming the class as their base is no other use.  A subclass with an ``__init__`` of its own
+        stays such a use (its ``super().__init__(...)`` is not followed)."""
+        names = [self._called_as(f)]
+        seen: Set[str] = set()
+        while names:
+            name = names.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            self._load_mentioning(name)
+            self._index_calls(name)
+            if f.node.name != "__init__" or f.cls is None:
+                return
+            refs = self._refs.get(id(f.node), [])
+            for n in list(refs):
+                sub = getattr(n, "_p", None)
+                if isinstance(sub, ast.ClassDef) and any(b is n for b in sub.bases) and not any(
+                        isinstance(x, FUNC) and x.name == "__init__" for x in sub.body):
+                    refs.remove(n)
+                    names.append(sub.name)
 
     def named_elsewhere(self, module: Module, name: str) -> bool:
         """Another module of the run names ``name`` as a word (a module that binds it itself, with
