@@ -2,6 +2,7 @@ import ast
 
 from typing import Optional
 
+from ampfix.engine.noqa import comment_of
 from ampfix.migration.parallel import KEPT_KEYWORDS, apex_ddp_comment, ddp_uses, decide, plan as ddp_plan
 from ampfix.model.analysis import has_star, import_spec, kwargs, number_value
 from ampfix.model.apex import APEX_DDP as DDP, apex_ddp_call_changes, maybe_not_apex
@@ -329,11 +330,40 @@ class ApexParallel(ApexRule):
         """The comment block right above the statement that wraps the model, when it describes
         apex's DDP (its overlap, ``delay_allreduce``): it goes with the wrapper."""
         st = statement_of(call)
-        span = apex_ddp_comment(self.src, st) if st is not None else None
-        if span is None:
+        if st is None:
             return []
-        first, last = span
-        return [self.edits.replace_range(self.src.starts[first - 1], self.src.line_end(last), "")]
+        out = []
+        span = apex_ddp_comment(self.src, st)
+        if span is not None:
+            first, last = span
+            out.append(self.edits.replace_range(self.src.starts[first - 1], self.src.line_end(last), ""))
+        # apex's imagenet example and its copies: `# For distributed training, wrap the model with
+        # apex.parallel.DistributedDataParallel. This must be done AFTER the call to amp.initialize ...`
+        # above `if args.distributed:`, whose body is the wrapping
+        owner = getattr(st, "_p", None)
+        if isinstance(owner, ast.If) and owner.body and owner.body[0] is st and \
+                self.src.line_text(owner.lineno).lstrip().startswith("if"):
+            span = apex_ddp_comment(self.src, owner)
+            if span is not None:
+                first, last = span
+                out.append(self.edits.replace_range(self.src.starts[first - 1], self.src.line_end(last), ""))
+        return out
+
+    def _trailing_apex_comment(self, call) -> list:
+        """``model = apex.parallel.convert_syncbn_model(model)  # apex's SyncBatchNorm``: once the
+        call is torch's, the comment at the end of its line speaks of what is gone."""
+        st = statement_of(call)
+        if st is None:
+            return []
+        no = st.end_lineno
+        line = self.src.line_text(no)
+        comment = comment_of(line, False)
+        if comment is None or "apex" not in comment.lower() or "noqa" in comment.lower():
+            return []
+        cut = len(line) - len(comment)
+        cut -= len(line[:cut]) - len(line[:cut].rstrip())
+        at = self.src.starts[no - 1]
+        return [self.edits.replace_range(at + cut, at + len(line), "")]
 
     def _fix_call(self, node, call, qname):
         if call is None or has_star(call):
@@ -366,10 +396,12 @@ class ApexParallel(ApexRule):
             return None
         if args is None:
             edits = [self.edits.replace(call.func, func)]
+            edits += self._trailing_apex_comment(call)
         else:
             edits = [self.edits.replace(call, f"{func}({', '.join(args)})")]
             edits += self._dropped_locals(call, [v for k, v in kws.items() if k in DDP_KEEP])
             remove = [*remove, *self._dropped_imports(call)]
             edits += self._comment_on_apex_ddp(call)
+            edits += self._trailing_apex_comment(call)
         desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
         return Fix(desc, edits, add_imports=add, remove_imports=remove)

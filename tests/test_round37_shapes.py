@@ -214,3 +214,42 @@ def test_a_choice_of_classes_built_by_different_inits_is_refused(tmp_path):
     out = run(tmp_path, "--write")
     assert "defaults.py: not rewritten" in out.output and "loop.py: not rewritten" in out.output
     assert {p: (tmp_path / p).read_text() for p in files} == files
+
+
+# apex's imagenet example (and its many copies) explains apex's DDP above `if args.distributed:`
+
+DDP_SCRIPT = '''\
+import torch
+from apex.parallel import DistributedDataParallel as DDP
+
+
+def wrap(model, args):
+    # For distributed training, wrap the model with apex.parallel.DistributedDataParallel.
+    # This must be done AFTER the call to amp.initialize.
+    if args.distributed:
+        # delay_allreduce delays all communication to the end of the backward pass.
+        model = DDP(model, delay_allreduce=True)
+    # the model is ready
+    if args.other:
+        model = model.cuda()
+    return model
+'''
+
+
+def test_the_comment_on_apex_ddp_above_the_if_that_wraps_goes_with_it(tmp_path):
+    out = migrated(tmp_path, {"wrap.py": DDP_SCRIPT}, "wrap.py")
+    assert "apex" not in out and "amp.initialize" not in out and "delay_allreduce" not in out
+    assert "    if args.distributed:\n        model = torch.nn.parallel.DistributedDataParallel(model)\n" in out
+    # a comment that does not speak of apex's DDP stays
+    assert "    # the model is ready\n" in out
+
+
+def test_a_comment_at_the_end_of_a_rewritten_apex_line_that_names_apex_goes(tmp_path):
+    script = ("import torch\nimport apex\n\n\ndef prepare(model):\n"
+              "    model = apex.parallel.convert_syncbn_model(model).cuda()  # use apex's SyncBatchNorm\n"
+              "    model = apex.parallel.convert_syncbn_model(model)  # sync the statistics '#1'\n"
+              "    return model\n")
+    out = migrated(tmp_path, {"prep.py": script}, "prep.py")
+    assert "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()\n" in out
+    # one that does not speak of apex stays, whole
+    assert "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # sync the statistics '#1'\n" in out
