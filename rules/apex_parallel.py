@@ -332,18 +332,17 @@ class ApexParallel(ApexRule):
         st = statement_of(call)
         if st is None:
             return []
-        out = []
-        span = apex_ddp_comment(self.src, st)
-        if span is not None:
-            first, last = span
-            out.append(self.edits.replace_range(self.src.starts[first - 1], self.src.line_end(last), ""))
+        described = [st]
         # apex's imagenet example and its copies: `# For distributed training, wrap the model with
         # apex.parallel.DistributedDataParallel. This must be done AFTER the call to amp.initialize ...`
         # above `if args.distributed:`, whose body is the wrapping
         owner = getattr(st, "_p", None)
         if isinstance(owner, ast.If) and owner.body and owner.body[0] is st and \
                 self.src.line_text(owner.lineno).lstrip().startswith("if"):
-            span = apex_ddp_comment(self.src, owner)
+            described.append(owner)
+        out = []
+        for x in described:
+            span = apex_ddp_comment(self.src, x)
             if span is not None:
                 first, last = span
                 out.append(self.edits.replace_range(self.src.starts[first - 1], self.src.line_end(last), ""))
@@ -396,12 +395,11 @@ class ApexParallel(ApexRule):
             return None
         if args is None:
             edits = [self.edits.replace(call.func, func)]
-            edits += self._trailing_apex_comment(call)
         else:
             edits = [self.edits.replace(call, f"{func}({', '.join(args)})")]
             edits += self._dropped_locals(call, [v for k, v in kws.items() if k in DDP_KEEP])
             remove = [*remove, *self._dropped_imports(call)]
             edits += self._comment_on_apex_ddp(call)
-            edits += self._trailing_apex_comment(call)
+        edits += self._trailing_apex_comment(call)
         desc = f"apex.parallel.{kind} -> {func}" + (f" ({'; '.join(notes)})" if notes else "")
         return Fix(desc, edits, add_imports=add, remove_imports=remove)

@@ -84,6 +84,11 @@ class CallSite:
         return None
 
 
+def _module_files(folder: Path, parts: List[str]) -> Tuple[Path, Path]:
+    """The two files a dotted name's parts may be below ``folder``: a module, or a package."""
+    return folder.joinpath(*parts).with_suffix(".py"), folder.joinpath(*parts, "__init__.py")
+
+
 def _chosen_call(n: ast.AST) -> Optional[ast.Call]:
     """The call whose callee is a conditional expression with ``n`` as one of its choices."""
     p = getattr(n, "_p", None)
@@ -260,6 +265,8 @@ class Project:
         self.rules = rules
         self.root = root
         self.load_more = load_more
+        #: files a star import was read from without adding them to the run: resolved path -> tree
+        self._peeked: Dict[str, Optional[ast.Module]] = {}
         self.allowed_groups: Optional[Set[str]] = None
         self.modules: Dict[str, Module] = {}
         self.by_name: Dict[str, Module] = {}
@@ -312,16 +319,15 @@ class Project:
             return None
         parts = name.split(".")
         for folder in (Path(module.path).resolve().parent, *self.roots):
-            for cand in (folder.joinpath(*parts).with_suffix(".py"), folder.joinpath(*parts, "__init__.py")):
+            for cand in _module_files(folder, parts):
                 if cand.is_file():
-                    peeked = self.__dict__.setdefault("_peeked", {})
                     key = str(cand.resolve())
-                    if key not in peeked:
+                    if key not in self._peeked:
                         try:
-                            peeked[key] = ast.parse(cand.read_bytes())
+                            self._peeked[key] = ast.parse(cand.read_bytes())
                         except (OSError, SyntaxError, ValueError):
-                            peeked[key] = None
-                    return peeked[key]
+                            self._peeked[key] = None
+                    return self._peeked[key]
         return None
 
     def _add(self, path: str, src: Source, editable: bool) -> Optional[Module]:
@@ -424,7 +430,7 @@ class Project:
         ``model`` package the project has."""
         folder = Path(module.path).resolve().parent
         parts = name.split(".")
-        for cand in (folder.joinpath(*parts).with_suffix(".py"), folder.joinpath(*parts, "__init__.py")):
+        for cand in _module_files(folder, parts):
             if cand.is_file():
                 real = str(cand.resolve())
                 return True, next((mm for r, mm in self._real_paths() if r == real), None)
@@ -466,7 +472,7 @@ class Project:
         if not self.load_more:
             return None
         for root in self.roots:
-            for cand in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+            for cand in _module_files(root, parts):
                 if cand.is_file():
                     key = self.given.get(str(cand.resolve()), str(cand))
                     real = str(cand.resolve())
