@@ -124,6 +124,9 @@ ENTRIES = {
     # the trainer class is picked by a conditional expression, `(AMPTrainer if fp16 else
     # SimpleTrainer)(...)`, and AMPTrainer has no __init__ of its own: the base's takes the scaler
     "trainer_choice": [["train.py", "--iters", "10"], ["train.py", "--iters", "10", "--fp16"]],
+    # ignite's shape: a factory defines the step as a closure and hands it to an engine
+    # (`return Engine(_update)`): the factory takes the scaler, the closure reads it
+    "closure_engine": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
 }
 
 

@@ -828,11 +828,11 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 # the switch is not carried there: the callers' regions read what they have
                 for cs in c.sites:
                     cc = self.solver.solve(cs.module, cs.caller)
-                    if cc is None or cc.kind not in ("local", "closure") or len(cc.seeds) != 1:
+                    if cc is None or not cc.sees_seed or len(cc.seeds) != 1:
                         return True
                 continue
             # a closure of the seed's function reads the seed's own condition too (_autocast_enabled)
-            if c.kind not in ("local", "closure") or len(c.seeds) != 1:
+            if not c.sees_seed or len(c.seeds) != 1:
                 return True
         return False
 

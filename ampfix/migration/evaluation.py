@@ -97,6 +97,13 @@ class EvaluationRewrites:
             if params and not self._only_evaluates(f, params):
                 trains.append((f, params))
                 continue
+            if params and _deferred(f, params):
+                # `evaluator = create_evaluator(model)`: the model runs in the closure it returns,
+                # later (`evaluator.run(loader)`); autocast around this call would cover nothing
+                self.notes.add(f"`{f.qualname}` returns a function that runs the model later: that evaluation "
+                               "runs in float32 now (apex ran it in half precision); wrap where it runs in "
+                               "autocast by hand")
+                continue
             if bf16(self.s) and any(method_call(x, "numpy") for g in [f, *runs]
                                     for x in walk(g.node, into_functions=True)):
                 continue  # numpy has no bfloat16: the evaluation would fail on its outputs
@@ -298,3 +305,33 @@ def _quiet(item: ast.withitem) -> bool:
     """``with torch.no_grad():`` / ``torch.inference_mode()``."""
     return isinstance(item.context_expr, ast.Call) and \
         (dotted(item.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
+
+
+def _deferred(f, params: Set[str]) -> bool:
+    """Every forward of ``params`` in ``f`` is in a function ``f`` defines, does not call, and
+    returns (``return Engine(_inference)``, ``return _step``): calling ``f`` runs none of them;
+    whoever calls what it returns does, later."""
+    calls = [x for x in walk(f.node, into_functions=True) if calls_model(x, params)]
+    if not calls:
+        return False
+    called = {x.func.id for x in walk(f.node, into_functions=True)
+              if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)}
+    returned = set()  # returned as it is, or kept by an object the return builds (`Engine(_update)`)
+    for r in walk(f.node):
+        if not isinstance(r, ast.Return) or r.value is None:
+            continue
+        v = r.value
+        if isinstance(v, ast.Name):
+            returned.add(v.id)
+        elif isinstance(v, ast.Call) and ((dotted(v.func) or "").split(".")[-1][:1].isupper() or
+                                          dotted(v.func) in ("partial", "functools.partial")):
+            # a class keeps the function for later; `map(_one, data)` or `list(...)` would run it now
+            returned |= {a.id for a in [*v.args, *(k.value for k in v.keywords)] if isinstance(a, ast.Name)}
+    for x in calls:
+        inner = x
+        while inner is not None and inner is not f.node and not isinstance(inner, (*DEFS, ast.Lambda)):
+            inner = getattr(inner, "_p", None)
+        if inner is None or inner is f.node or isinstance(inner, ast.Lambda) or \
+                inner.name in called or inner.name not in returned:
+            return False
+    return True

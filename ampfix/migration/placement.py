@@ -65,7 +65,10 @@ class Solver:
         if func.outer is not None:
             c = self.solve(module, func.outer)
             if c is not None and c.kind in ("local", "closure", "global") and not self._binds(func, c.expr):
-                return Carrier("closure", c.seeds, c.expr)
+                inner = Carrier("closure", c.seeds, c.expr)
+                if c.outer is not None:
+                    inner.outer = c  # a closure of a closure that reads its factory's parameter
+                return inner
         top = [s for s in self.seeds if s.training and s.module is module and s.func is None]
         if top and not self._binds(func, self.name):
             return Carrier("global", {s.idx for s in top}, self.name)
@@ -86,8 +89,11 @@ class Solver:
         refs = self.p.references(func)
         if refs:
             r = refs[0]
+            c = self._from_factory(module, func)
+            if isinstance(c, Carrier):
+                return c
             return self.fail(module, func, f"`{func.qualname}` is used other than by a call (line {r.lineno}), "
-                                           "so the scaler cannot be passed to it")
+                                           "so the scaler cannot be passed to it" + (c or ""))
         sites = self.p.callers(func)
         if not sites and func.cls is not None and any(
                 "register" in (dotted(d.func if isinstance(d, ast.Call) else d) or "") for d in func.cls.decorator_list):
@@ -170,6 +176,24 @@ class Solver:
         carrier.via_init = (init, c)
         return carrier
 
+    def _from_factory(self, module, func):
+        """A nested function handed on as a value (``return Engine(_update)``: ignite's step
+        closures) cannot take the scaler as a parameter, but it reads the names of the function
+        that defines it: the factory takes the scaler from its callers, the closure reads it.
+        Not where some caller of the factory has no scaler to give (the closure would call
+        ``None.scale``).  Returns the carrier, or what the refusal adds about the factory."""
+        if func.outer is None or self._binds(func, self.name):
+            return None
+        c = self.solve(module, func.outer)
+        if c is None or c.kind != "param" or getattr(c, "rename", None):
+            why = getattr(c, "optional", None) if c is not None else self.why.get(self.key(module, func.outer))
+            return f"; nor to `{func.outer.qualname}`, which defines it: {why}" if why else None
+        if getattr(c, "optional", None):
+            return f"; nor to `{func.outer.qualname}`, which defines it: {c.optional}"
+        carrier = Carrier("closure", c.seeds, c.expr)
+        carrier.outer = c
+        return carrier
+
     def _held(self, module, func) -> Optional[Carrier]:
         """The method reads ``self.gan.<...>``, and its class keeps in ``self.gan`` only objects of
         one project class (``self.gan = GAN(...)``, or None) whose methods initialize apex: the
@@ -248,6 +272,8 @@ class CarrierRewrites:
                 if id(init.node) not in kept:
                     kept.add(id(init.node))
                     self._keep_in_init(init)
+            if c.outer is not None:
+                todo.append(c.outer)
             if c.kind != "param":
                 continue
             if id(c) in dropped:

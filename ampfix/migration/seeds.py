@@ -189,6 +189,14 @@ class Carrier:
         self.seeds = seeds
         self.expr = expr
         self.sites = list(sites)
+        #: a closure handed on as a value reads the scaler its factory takes as a parameter
+        self.outer: Optional["Carrier"] = None
+
+    @property
+    def sees_seed(self) -> bool:
+        """The function sees the names of the seed's own function (it is that function, or a
+        closure of it), so it can read the seed's condition."""
+        return self.kind in ("local", "closure") and self.outer is None
 
 
 

@@ -62,7 +62,7 @@ class UseRewrites:
     def _autocast_enabled(self, module, func, c: Carrier) -> str:
         """What autocast's enabled= says in a function: the seed's condition where it is visible,
         else the scaler's own."""
-        if c.kind in ("local", "closure") and len(c.seeds) == 1:
+        if c.sees_seed and len(c.seeds) == 1:
             idx = next(iter(c.seeds))
             return self.enabled.get(idx, "True")
         if getattr(c, "optional", None):
