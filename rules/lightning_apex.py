@@ -56,6 +56,10 @@ class LightningApex(Rule):
                 expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=args.precision)\n',
                 message="16-mixed"),
         Invalid('parser.add_argument("--amp_backend", type=str, default="apex")\n', message="default picks apex"),
+        # no precision: float32 training, where apex never ran; only the arguments go
+        Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, amp_backend="apex", amp_level="O2")\n',
+                expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1)\n',
+                message="trains in float32, as it did"),
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -74,12 +78,19 @@ class LightningApex(Rule):
         edits = self.edits.remove_args(node, drop)
         precision = kw.get("precision")
         note = ""
+        done = "drop amp_backend/amp_level"
         if isinstance(precision, ast.Constant) and precision.value in (16, "16"):
             edits.append(self.edits.replace(precision, '"16-mixed"'))
+            done += "; precision=16 -> \"16-mixed\""
         elif precision is not None and not isinstance(precision, ast.Constant):
             note = (" (`precision` is computed here: give it \"16-mixed\" where it was 16, as Lightning 2 spells "
                     "native AMP)")
+        elif precision is None and "precision" not in {k.arg for k in node.keywords} and \
+                not any(k.arg is None for k in node.keywords):
+            # no precision: the Trainer trains in float32, and apex never ran (it did only with 16)
+            note = " (no `precision` here: the Trainer trains in float32, as it did; apex ran only with precision 16)"
+            done += " (float32 stays float32)"
         what = "`amp_backend=\"apex\"`" if apex else "`amp_level`"
         self.report(node, f"{what} picks NVIDIA apex, which Lightning 2.0 removed (the Trainer no longer takes "
                           f"`amp_backend`/`amp_level`); use native AMP: `precision=\"16-mixed\"`{note}",
-                    Fix("drop amp_backend/amp_level; precision=16 -> \"16-mixed\"", edits))
+                    Fix(done, edits))
