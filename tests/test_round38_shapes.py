@@ -140,3 +140,15 @@ def test_a_factory_caller_without_a_scaler_keeps_it_refused(tmp_path):
     assert "create_trainer.<locals>._update` is used other than by a call" in out.output
     assert "nor to `create_trainer`, which defines it: `create_trainer` is also called from `finetune`" in out.output
     assert {p: (tmp_path / p).read_text() for p in files} == files
+
+
+def test_with_bfloat16_the_factory_takes_the_switch_and_its_closure_reads_it(tmp_path):
+    """No scaler with bfloat16: what the factory takes is autocast's switch, read by the closure."""
+    main = migrated(tmp_path, {"engine.py": FACTORY.format(extra=""), "main.py": MAIN}, "main.py", "--dtype",
+                    "bfloat16")
+    engine = (tmp_path / "engine.py").read_text()
+    assert "def create_trainer(model, optimizer, use_apex=False, *, use_amp):" in engine
+    assert "create_trainer(model, optimizer, use_apex=fp16, use_amp=use_amp)" in main
+    closure = engine[engine.index("    def _update"):engine.index("    return Engine(_update)")]
+    assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):' in closure
+    assert "loss.backward()" in closure and "scaler" not in closure
