@@ -152,3 +152,46 @@ def test_with_bfloat16_the_factory_takes_the_switch_and_its_closure_reads_it(tmp
     closure = engine[engine.index("    def _update"):engine.index("    return Engine(_update)")]
     assert 'with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):' in closure
     assert "loss.backward()" in closure and "scaler" not in closure
+
+
+METHOD_FACTORY = '''\
+import torch
+from apex import amp
+
+
+class Engine:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def run(self, data):
+        return [self.fn(self, b) for b in data]
+
+
+class Trainer:
+    def __init__(self, fp16):
+        self.model = torch.nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        if fp16:
+            self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O1")
+
+    def build_engine(self):
+        def _update(engine, batch):
+            x, y = batch
+            self.optimizer.zero_grad()
+            loss = (self.model(x) - y).pow(2).mean()
+            with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                scaled_loss.backward()
+            self.optimizer.step()
+            return loss.item()
+
+        return Engine(_update)
+'''
+
+
+def test_a_closure_of_a_method_reads_the_scaler_through_self(tmp_path):
+    """The factory is a method of the class that initializes apex: the closure reads `self.scaler`."""
+    trainer = migrated(tmp_path, {"trainer.py": METHOD_FACTORY}, "trainer.py")
+    assert 'self.scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))' in trainer
+    closure = trainer[trainer.index("        def _update"):trainer.index("        return Engine(_update)")]
+    assert "self.scaler.scale(loss).backward()" in closure and "self.scaler.step(self.optimizer)" in closure
+    assert "def _update(engine, batch):" in closure and "amp." not in closure.replace("torch.amp", "")

@@ -185,6 +185,12 @@ class Solver:
         if func.outer is None or self._binds(func, self.name):
             return None
         c = self.solve(module, func.outer)
+        if c is not None and c.kind in ("self", "held") and not self._binds(func, c.expr.split(".")[0]):
+            # a factory method (`def build(self): def _update(...): ...; return Engine(_update)`):
+            # the closure reads `self.scaler` through the method's `self`
+            carrier = Carrier("closure", c.seeds, c.expr)
+            carrier.outer = c
+            return carrier
         if c is None or c.kind != "param" or getattr(c, "rename", None):
             why = getattr(c, "optional", None) if c is not None else self.why.get(self.key(module, func.outer))
             return f"; nor to `{func.outer.qualname}`, which defines it: {why}" if why else None
