@@ -179,9 +179,10 @@ class Solver:
     def _from_factory(self, module, func):
         """A nested function handed on as a value (``return Engine(_update)``: ignite's step
         closures) cannot take the scaler as a parameter, but it reads the names of the function
-        that defines it: the factory takes the scaler from its callers, the closure reads it.
-        Not where some caller of the factory has no scaler to give (the closure would call
-        ``None.scale``).  Returns the carrier, or what the refusal adds about the factory."""
+        that defines it: the factory takes the scaler from its callers, the closure reads it (a
+        factory method's closure reads ``self.scaler`` through its ``self``).  Not where some
+        caller of the factory has no scaler to give (the closure would call ``None.scale``).
+        Returns the carrier, or what the refusal adds about the factory."""
         if func.outer is None or self._binds(func, self.name):
             return None
         c = self.solve(module, func.outer)

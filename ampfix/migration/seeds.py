@@ -189,7 +189,8 @@ class Carrier:
         self.seeds = seeds
         self.expr = expr
         self.sites = list(sites)
-        #: a closure handed on as a value reads the scaler its factory takes as a parameter
+        #: a closure handed on as a value: the carrier of the factory that defines it, whose
+        #: parameter (or ``self``) the closure reads
         self.outer: Optional["Carrier"] = None
 
     @property
