@@ -139,6 +139,9 @@ def test_a_factory_caller_without_a_scaler_keeps_it_refused(tmp_path):
     out = run(tmp_path, "--write")
     assert "create_trainer.<locals>._update` is used other than by a call" in out.output
     assert "nor to `create_trainer`, which defines it: `create_trainer` is also called from `finetune`" in out.output
+    # the initialize's reason does not say "never used with amp.scale_loss": it names the one planned apart
+    assert "reaches no amp.scale_loss that ampfix follows from here; the one at" in out.output
+    assert "never used with amp.scale_loss" not in out.output
     assert {p: (tmp_path / p).read_text() for p in files} == files
 
 

@@ -912,6 +912,13 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
             unbound = self._unbound_scale_loss()
             if unbound:
                 raise Refuse(unbound)
+            elsewhere = self._scale_loss_outside()
+            if elsewhere:
+                # the project scales a loss where no call from here was followed (a use refused on its
+                # own, or reached in a way the planner does not follow): "never used" would be untrue
+                raise Refuse(f"the optimizer of amp.initialize at line {s.use.line} reaches no amp.scale_loss that "
+                             f"ampfix follows from here; the one at {elsewhere} is planned apart, with its own "
+                             "result: where it scales this optimizer, migrate the two together by hand")
             raise Refuse(f"the optimizer of amp.initialize at line {s.use.line} is never used with amp.scale_loss in "
                          "the files given: its backward is unscaled; add the scaled backward by hand, or give "
                          "ampfix the files that train")
@@ -1017,6 +1024,20 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 first, last = (unit.lineno, unit.end_lineno) if func is not None else (1, m.src.line_count)
                 self.fc(m).drop_commented_code(first, last, name)
                 self.notes.add(f"`{name}`, which only apex's arguments read, goes too")
+
+    def _scale_loss_outside(self) -> Optional[str]:
+        """Where an ``amp.scale_loss`` of the given files lies that this group does not hold
+        (``path line N``, the first), or None."""
+        mine = {id(u.node) for u, _ in self.g.needs}
+        # the group's own modules first (a closure beside the initialize), then the others
+        for path in sorted(self.p.modules, key=lambda x: (x not in self.g.paths, x)):
+            m = self.p.modules[path]
+            if not m.editable or "scale_loss" not in m.src.text:
+                continue
+            for n, q in apex_uses(m.sem, m.tree):
+                if q == "apex.amp.scale_loss" and id(n) not in mine:
+                    return f"{m.path} line {n.lineno}"
+        return None
 
     def _unbound_scale_loss(self) -> Optional[str]:
         """``amp.scale_loss`` where ``amp`` is bound by nothing in its scope, in a module that
