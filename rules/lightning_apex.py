@@ -1,6 +1,6 @@
 import ast
 
-from ampfix.model.analysis import kwargs, string_value
+from ampfix.model.analysis import has_star, kwargs, string_value
 from ampfix.rule import Fix, Invalid, Rule, Valid
 from ampfix.rules._framework import LIGHTNING_TRAINER, argparse_default, is_apex
 
@@ -85,8 +85,7 @@ class LightningApex(Rule):
         elif precision is not None and not isinstance(precision, ast.Constant):
             note = (" (`precision` is computed here: give it \"16-mixed\" where it was 16, as Lightning 2 spells "
                     "native AMP)")
-        elif precision is None and "precision" not in {k.arg for k in node.keywords} and \
-                not any(k.arg is None for k in node.keywords):
+        elif precision is None and not has_star(node):
             # no precision: the Trainer trains in float32, and apex never ran (it did only with 16)
             note = " (no `precision` here: the Trainer trains in float32, as it did; apex ran only with precision 16)"
             done += " (float32 stays float32)"

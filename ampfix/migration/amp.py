@@ -1028,7 +1028,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
     def _scale_loss_outside(self) -> Optional[str]:
         """Where an ``amp.scale_loss`` of the given files lies that this group does not hold
         (``path line N``, the first), or None."""
-        mine = {id(u.node) for u, _ in self.g.needs}
+        mine = {id(n) for nodes in self.g.uses.values() for n in nodes}
         # the group's own modules first (a closure beside the initialize), then the others
         for path in sorted(self.p.modules, key=lambda x: (x not in self.g.paths, x)):
             m = self.p.modules[path]

@@ -65,10 +65,8 @@ class Solver:
         if func.outer is not None:
             c = self.solve(module, func.outer)
             if c is not None and c.kind in ("local", "closure", "global") and not self._binds(func, c.expr):
-                inner = Carrier("closure", c.seeds, c.expr)
-                if c.outer is not None:
-                    inner.outer = c  # a closure of a closure that reads its factory's parameter
-                return inner
+                # a closure of a closure that reads its factory's parameter reads it too
+                return _reading(c) if c.outer is not None else Carrier("closure", c.seeds, c.expr)
         top = [s for s in self.seeds if s.training and s.module is module and s.func is None]
         if top and not self._binds(func, self.name):
             return Carrier("global", {s.idx for s in top}, self.name)
@@ -186,20 +184,19 @@ class Solver:
         if func.outer is None or self._binds(func, self.name):
             return None
         c = self.solve(module, func.outer)
-        if c is not None and c.kind in ("self", "held") and not self._binds(func, c.expr.split(".")[0]):
+        if c is None:
+            why = self.why.get(self.key(module, func.outer))
+        elif c.kind in ("self", "held"):
             # a factory method (`def build(self): def _update(...): ...; return Engine(_update)`):
             # the closure reads `self.scaler` through the method's `self`
-            carrier = Carrier("closure", c.seeds, c.expr)
-            carrier.outer = c
-            return carrier
-        if c is None or c.kind != "param" or getattr(c, "rename", None):
-            why = getattr(c, "optional", None) if c is not None else self.why.get(self.key(module, func.outer))
-            return f"; nor to `{func.outer.qualname}`, which defines it: {why}" if why else None
-        if getattr(c, "optional", None):
-            return f"; nor to `{func.outer.qualname}`, which defines it: {c.optional}"
-        carrier = Carrier("closure", c.seeds, c.expr)
-        carrier.outer = c
-        return carrier
+            return None if self._binds(func, c.expr.split(".")[0]) else _reading(c)
+        elif c.kind == "param" and not getattr(c, "rename", None):
+            why = getattr(c, "optional", None)
+            if not why:
+                return _reading(c)
+        else:
+            why = getattr(c, "optional", None)
+        return f"; nor to `{func.outer.qualname}`, which defines it: {why}" if why else None
 
     def _held(self, module, func) -> Optional[Carrier]:
         """The method reads ``self.gan.<...>``, and its class keeps in ``self.gan`` only objects of
@@ -255,6 +252,14 @@ class Solver:
     def _binds(func, name: str) -> bool:
         return name in func.positional or name in func.kwonly or any(
             isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in walk(func.node))
+
+
+def _reading(c: Carrier) -> Carrier:
+    """The carrier of a closure that reads what the function of ``c`` holds (its parameter, or
+    ``self.scaler``): what ``c`` needs is carried with it."""
+    inner = Carrier("closure", c.seeds, c.expr)
+    inner.outer = c
+    return inner
 
 
 class CarrierRewrites:
