@@ -417,8 +417,6 @@ class SeedRewrites:
         of the optimizer's name in the function is in that block, before it (or is the seed), and
         only ``if`` / ``with`` statements lie between it and the seed."""
         stmt, unit = s.stmt, s.unit
-        if s.func is None:
-            return None
         chain = ancestors_stmts(stmt, unit)
         if not any(isinstance(a, (ast.For, ast.AsyncFor, ast.While)) for a in chain):
             return None
@@ -431,7 +429,13 @@ class SeedRewrites:
         # every place that binds the name (a parameter binds it on entry)
         binds = [x for x in walk(unit) if isinstance(x, ast.Name) and x.id == name
                  and isinstance(x.ctx, (ast.Store, ast.Del))]
-        if name in s.func.positional or name in s.func.kwonly:
+        if s.func is None:
+            # a script's loop at module level (k-fold training: `for fold in ...: model = ...;
+            # optimizer = ...; if fp16: initialize(...)`): a function of the module that declares
+            # the name global binds it too, where the walk above does not look
+            if any(isinstance(x, ast.Global) and name in x.names for x in walk(unit, into_functions=True)):
+                return None
+        elif name in s.func.positional or name in s.func.kwonly:
             return None
         for a in [stmt, *chain]:
             if isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.Try)) or isinstance(a, DEFS):

@@ -1,0 +1,67 @@
+"""Thirty-ninth round: k-fold training written at a script's module level.
+
+Kaggle-style scripts train one fold after another in a loop at the top level of the script:
+``for fold in ...: if fold not in folds: continue; model = ...; optimizer = ...; if fp16: model,
+optimizer = amp.initialize(...); train(...)``.  apex made a fresh loss scaler at each initialize, so
+each fold started from the initial scale.  Inside a function the scaler is made beside the
+optimizer, in the loop; at module level the loop was refused ("can stop early": the ``continue``),
+though the ``continue`` skips the fold's scaler and its steps alike.  A function of the script that
+declares the optimizer's name ``global`` binds it where the loop cannot see: that stays refused.
+"""
+from test_round17_shapes import migrated, run, write
+
+KFOLD = '''\
+import argparse
+
+import torch
+from apex import amp
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fp16", action="store_true")
+args = parser.parse_args()
+{extra}
+for fold in range(3):
+    # skip unwanted folds
+    if fold not in [0, 1]:
+        continue
+    model = torch.nn.Linear(4, 2).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.fp16:
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for step in range(5):
+        x = torch.randn(8, 4, device="cuda")
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        if args.fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+'''
+
+RESET = '''
+def reset(params):
+    global optimizer
+    optimizer = torch.optim.SGD(params, lr=0.1)
+'''
+
+
+def test_each_fold_makes_its_scaler_beside_its_optimizer(tmp_path):
+    out = migrated(tmp_path, {"kfold.py": KFOLD.format(extra="")}, "kfold.py")
+    made = '    scaler = torch.amp.GradScaler("cuda", enabled=bool(args.fp16))\n'
+    # in the loop, after the `continue` and the optimizer: a fresh scale per fold, as apex's was
+    assert out.index("        continue\n") < out.index("    optimizer = torch.optim.SGD") < out.index(made)
+    assert out.count("GradScaler(") == 1
+    assert "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n        scaler.update()\n" in out
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):' in out
+    assert "amp." not in out.replace("torch.amp.", "")
+    compile(out, "kfold.py", "exec")
+
+
+def test_a_function_that_rebinds_the_optimizer_global_keeps_it_refused(tmp_path):
+    files = {"kfold.py": KFOLD.format(extra=RESET)}
+    write(tmp_path, files)
+    out = run(tmp_path, "--write")
+    assert "that can stop early" in out.output
+    assert (tmp_path / "kfold.py").read_text() == files["kfold.py"]
