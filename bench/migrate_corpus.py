@@ -5,7 +5,8 @@
 
 For each repository a copy is migrated with ``migrate --write``; then every module that used
 apex.amp or an FP16_Optimizer is classified: *migrated* (no such use left) or *refused* (with
-the reason ampfix gives).  Also recorded for every written file: whether it compiles, whether a
+the reason ampfix gives).  Also recorded for every written file: whether it compiles (a file whose
+original did not compile either, a keyword given twice, is counted apart), whether a
 second ``migrate`` changes anything (it must not), which self-check problems (AMP106, AMP203-207,
 AMP211-214) appear that the original did not have, and host syncs the rewrite added
 (``.get_scale()``, ``.item()``, ``.cpu()``, ``.tolist()`` calls more than the original had).
@@ -540,6 +541,8 @@ def side(mods, fls):
         "right %": round(100 * sum(r["status"] == "migrated" for r in mods) / max(1, len(mods)), 1),
         "files written": sum(f.get("changed", False) for f in fls),
         "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in fls),
+        "written files that did not compile before either (not counted above)": sum(
+            f.get("changed", False) and f.get("compiled_before") is False for f in fls),
         "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in fls),
         "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
         "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
@@ -670,12 +673,18 @@ def main(argv=None) -> int:
             text_before = (repo / rel).read_text(errors="replace") if (repo / rel).exists() else ""
             text_after = Path(path).read_text(errors="replace") if Path(path).exists() else ""
             changed = text_before != text_after
-            compiles = True
+            compiles = compiled_before = True
             if changed:
                 try:
                     compile(text_after, rel, "exec")
                 except SyntaxError:
                     compiles = False
+                if not compiles:
+                    # a file that never compiled (a keyword given twice) is not one the migration broke
+                    try:
+                        compile(text_before, rel, "exec")
+                    except SyntaxError:
+                        compiles = compiled_before = False
             self_before = {(d["code"], d["message"]) for d in by[path] if d["code"] in SELF}
             new_self = [f"{d['code']} line {d['location']['line']}: {d['message']}" for d in after_by[path]
                         if d["code"] in SELF and (d["code"], d["message"]) not in self_before]
@@ -696,7 +705,8 @@ def main(argv=None) -> int:
             not_passed = [m for k, m in missing if k in mine]
             not_found = sorted(f"{c + '.' if c else ''}{f}({new})" for f, c, new, _ in mine & unseen)
             named_not_passed = [m for k, m in by_name_only if k in mine]
-            files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
+            files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles or not compiled_before,
+                          "compiled_before": compiled_before,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
                           "required_not_passed": not_passed, "required_callers_not_found": not_found,
