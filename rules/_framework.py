@@ -31,7 +31,7 @@ def argparse_default(rule: Rule, node: ast.Call, names: tuple, framework: str, p
         return
     default = kwargs(node).get("default")
     if default is not None and is_apex(default):
-        if packages and not any(imp_names & set(packages) for imp_names in _imported_tops(rule)):
+        if packages and not imports_package(rule, packages):
             # the option has the framework's name, but this module does not import it: the
             # project's own code may read it (a trainer of its own with an apex branch)
             rule.report(default, f"an option whose default picks apex (its name is {framework}'s); make the "
@@ -40,6 +40,11 @@ def argparse_default(rule: Rule, node: ast.Call, names: tuple, framework: str, p
         rule.report(default, f"an option whose default picks apex through {framework}, which no longer has it; "
                              "make the native backend the default (and drop the option where the framework "
                              "no longer takes it)")
+
+
+def imports_package(rule: Rule, packages: tuple) -> bool:
+    """The module imports one of ``packages`` (top-level names: ``("pytorch_lightning", "lightning")``)."""
+    return any(names & set(packages) for names in _imported_tops(rule))
 
 
 def _imported_tops(rule: Rule):

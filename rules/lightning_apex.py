@@ -2,7 +2,10 @@ import ast
 
 from ampfix.model.analysis import has_star, kwargs, string_value
 from ampfix.rule import Fix, Invalid, Rule, Valid
-from ampfix.rules._framework import LIGHTNING_TRAINER, argparse_default, is_apex
+from ampfix.rules._framework import LIGHTNING_TRAINER, argparse_default, imports_package, is_apex
+
+
+LIGHTNING = ("pytorch_lightning", "lightning")
 
 
 class LightningApex(Rule):
@@ -41,6 +44,7 @@ class LightningApex(Rule):
         Valid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision="16-mixed")\n'),
         Valid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=16, amp_backend="native")\n'),
         Valid('trainer = MyTrainer(amp_backend="apex")\n'),
+        Valid('import pytorch_lightning as pl\nconfig = Config(amp_backend="native")\n'),
     ]
     INVALID = [
         Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, precision=16, amp_backend="apex", '
@@ -56,6 +60,12 @@ class LightningApex(Rule):
                 expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=args.precision)\n',
                 message="16-mixed"),
         Invalid('parser.add_argument("--amp_backend", type=str, default="apex")\n', message="default picks apex"),
+        # chosen at run time: reported, not fixed (Lightning 2.0 takes neither argument)
+        Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=config.precision, '
+                'amp_backend=config.amp_backend, amp_level=config.amp_level)\n', message="chosen at run time"),
+        # a configuration object a Trainer reads later, in a module that uses Lightning
+        Invalid('import pytorch_lightning as pl\nconfig = Config(precision=16, amp_backend="apex", amp_level="O2")\n',
+                message="a setting that picks NVIDIA apex"),
         # no precision: float32 training, where apex never ran; only the arguments go
         Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, amp_backend="apex", amp_level="O2")\n',
                 expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1)\n',
@@ -63,9 +73,9 @@ class LightningApex(Rule):
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
-        argparse_default(self, node, ("amp_backend",), "PyTorch Lightning",
-                         ("pytorch_lightning", "lightning"))
+        argparse_default(self, node, ("amp_backend",), "PyTorch Lightning", LIGHTNING)
         if not self.qnames(node) & LIGHTNING_TRAINER:
+            self._setting(node)
             return
         kw = kwargs(node)
         backend, level = kw.get("amp_backend"), kw.get("amp_level")
@@ -73,7 +83,12 @@ class LightningApex(Rule):
         if not apex and level is None:
             return
         if backend is not None and not apex and string_value(backend) is None:
-            return  # chosen at run time: a person follows it
+            # chosen at run time (`amp_backend=config.amp_backend`): what it holds is for a person to
+            # follow, but Lightning 2.0 takes neither argument, whatever the value
+            self.report(backend, f"`amp_backend={self.src.code(backend)}` is chosen at run time, and Lightning 2.0 "
+                                 "removed `amp_backend` and `amp_level` (the Trainer no longer takes them): where "
+                                 "it picks apex, use native AMP, `precision=\"16-mixed\"`, and drop both")
+            return
         drop = [k for k in node.keywords if k.arg in ("amp_level",) or (apex and k.arg == "amp_backend")]
         edits = self.edits.remove_args(node, drop)
         precision = kw.get("precision")
@@ -93,3 +108,12 @@ class LightningApex(Rule):
         self.report(node, f"{what} picks NVIDIA apex, which Lightning 2.0 removed (the Trainer no longer takes "
                           f"`amp_backend`/`amp_level`); use native AMP: `precision=\"16-mixed\"`{note}",
                     Fix(done, edits))
+
+    def _setting(self, node: ast.Call) -> None:
+        """``Config(precision=16, amp_backend="apex")`` in a module that uses Lightning: a setting
+        that a Trainer reads later (reported where it picks apex; what reads it is for a person)."""
+        for k in node.keywords:
+            if k.arg == "amp_backend" and is_apex(k.value) and imports_package(self, LIGHTNING):
+                self.report(k.value, "a setting that picks NVIDIA apex for Lightning's `amp_backend`, which "
+                                     "Lightning 2.0 removed; choose native AMP (`precision=\"16-mixed\"`) and drop "
+                                     "`amp_backend`/`amp_level` where the Trainer is given them")
