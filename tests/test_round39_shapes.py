@@ -65,3 +65,56 @@ def test_a_function_that_rebinds_the_optimizer_global_keeps_it_refused(tmp_path)
     out = run(tmp_path, "--write")
     assert "that can stop early" in out.output
     assert (tmp_path / "kfold.py").read_text() == files["kfold.py"]
+
+
+MODES = '''\
+import torch
+from apex import amp
+
+
+def train(model, optimizer, data, fp16):
+    for x in data:
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        if fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+
+
+def predict(model, data):
+    model.eval()
+    with torch.no_grad():
+        return [model(x) for x in data]
+
+
+def main(args, data):
+    model = torch.nn.Linear(4, 2).cuda()
+    if args.mode == "train":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if args.fp16:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        train(model, optimizer, data, args.fp16)
+        return predict(model, data)
+    elif args.mode == "predict":
+        return predict(model, data)
+    for x in data:
+        if args.mode == "train":
+            pass
+        else:
+            predict(model, [x])
+'''
+
+
+def test_an_evaluation_in_a_branch_the_setup_excludes_is_left(tmp_path):
+    out = migrated(tmp_path, {"main.py": MODES}, "main.py")
+    train_branch = out[out.index('    if args.mode == "train":'):out.index('    elif args.mode == "predict":')]
+    assert "with torch.autocast(" in train_branch and "return predict(model, data)" in train_branch
+    # the predict mode never ran after apex's setup: no autocast whose switch is always off there
+    assert '    elif args.mode == "predict":\n        return predict(model, data)\n' in out
+    # a branch of an `if` inside a loop may run after the setup ran: it is still wrapped
+    main = out[out.index("def main("):]
+    assert main.count("with torch.autocast(") == 2
+    assert "predict(model, [x])" in main[main.rindex("with torch.autocast("):]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Set
 
-from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, loss_from, stmt_of
+from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, loss_from, other_branch, stmt_of
 from ampfix.migration.seeds import Seed, calls_model
 from ampfix.migration.spell import autocast_call, bf16, disj
 from ampfix.model.analysis import method_call
@@ -52,11 +52,11 @@ class EvaluationRewrites:
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
             self._wrap_inline_evaluations(module, unit, models | self._aliases(unit, models), cond,
-                                          s.stmt.end_lineno)
+                                          s.stmt.end_lineno, s.stmt)
             # the functions the plan hands the scaler to as a parameter (where a scaled backward is)
             carried = {id(u.func.node): c for u, c in self.g.needs
                        if u.func is not None and c is not None and c.kind == "param"}
-            for f, names in self._wrap_evaluations(module, caller, unit, models, cond, s.stmt.end_lineno):
+            for f, names in self._wrap_evaluations(module, caller, unit, models, cond, s.stmt.end_lineno, s.stmt):
                 # the training function the model is handed to, with the scaler (FixMatch's
                 # `train(..., model, optimizer, ..., scaler=scaler)` evaluates inside its loop);
                 # a function that only calls others (`validate(model, loaders)`) has no scaler
@@ -66,16 +66,20 @@ class EvaluationRewrites:
                 self._wrap_evaluations(f.module, f, f.node, names | self._aliases(f.node, names),
                                        self._autocast_enabled(f.module, f, c), 0)
 
-    def _wrap_evaluations(self, module, caller, unit, models: Set[str], cond: str, after: int):
+    def _wrap_evaluations(self, module, caller, unit, models: Set[str], cond: str, after: int, seed=None):
         """Each call after line ``after`` in ``unit`` that hands one of ``models`` to a project
         function that only evaluates it runs under autocast(``cond``); returns the functions
-        the models are handed to that train, each with the parameters that receive them."""
+        the models are handed to that train, each with the parameters that receive them.  A call
+        in a branch the ``seed`` statement's excludes (``if mode == "train": <seed> elif mode ==
+        "predict": predict(model)``) never ran after apex's setup: it is left."""
         trains = []
         partials = self._partials(module, caller, unit, models)
         for n in walk(unit):
             if not isinstance(n, ast.Call) or n.lineno <= after:
                 continue
             st = stmt_of(n)
+            if seed is not None and other_branch(seed, st, unit):
+                continue
             runs = []  # the functions this call runs the model in (for bfloat16's numpy check)
             if isinstance(n.func, ast.Name) and n.func.id in partials:
                 f, params = partials[n.func.id]  # `emb = get_emb_f(loader)`: the partial's function
@@ -119,7 +123,7 @@ class EvaluationRewrites:
                            "autocast")
         return trains
 
-    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, after: int) -> None:
+    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, after: int, seed=None) -> None:
         """Each forward of one of ``models`` after line ``after`` in ``unit`` itself that only
         evaluates (see the module's doc) runs under autocast(``cond``), with the statements right
         after it that compute a loss from its output."""
@@ -129,6 +133,8 @@ class EvaluationRewrites:
             if not calls_model(n, models) or n.lineno <= after:
                 continue
             st = stmt_of(n)
+            if seed is not None and other_branch(seed, st, unit):
+                continue
             if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.Expr)) or st.value is None or \
                     any(isinstance(a, DEFS) for a in ancestors_stmts(st, unit)):
                 continue

@@ -74,6 +74,22 @@ def ancestors_stmts(stmt, stop=None) -> List[ast.stmt]:
     return out
 
 
+def other_branch(a: ast.stmt, b: ast.stmt, unit) -> bool:
+    """``a`` and ``b`` lie in different branches of one ``if`` (its body and its ``else``/``elif``)
+    that no loop of ``unit`` encloses: one run of ``unit`` never runs ``b`` after ``a``
+    (``analysis.exclusive`` asks about one pass: a loop around the ``if`` runs both, in turn)."""
+    chain = [a, *ancestors_stmts(a, unit)]
+    for i in range(1, len(chain)):
+        x = chain[i]
+        if not isinstance(x, ast.If) or any(isinstance(y, LOOPS) for y in chain[i + 1:]):
+            continue
+        child = chain[i - 1]
+        other = x.orelse if any(child is y for y in x.body) else x.body
+        if any(b is y or any(b is z for z in walk(y)) for y in other):
+            return True
+    return False
+
+
 def loops_around(node, stop=None) -> List[ast.AST]:
     return [s for s in ancestors_stmts(stmt_of(node), stop) if isinstance(s, LOOPS)]
 
