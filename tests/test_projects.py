@@ -127,6 +127,9 @@ ENTRIES = {
     # ignite's shape: a factory defines the step as a closure and hands it to an engine
     # (`return Engine(_update)`): the factory takes the scaler, the closure reads it
     "closure_engine": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
+    # k-fold training at the script's top level, a `continue` for the folds left out: each fold
+    # makes its scaler beside its optimizer; the fold's evaluation runs under autocast
+    "kfold_script": [["train.py", "--epochs", "1"], ["train.py", "--epochs", "1", "--fp16", "--only", "0", "2"]],
 }
 
 
