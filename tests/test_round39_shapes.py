@@ -118,3 +118,64 @@ def test_an_evaluation_in_a_branch_the_setup_excludes_is_left(tmp_path):
     main = out[out.index("def main("):]
     assert main.count("with torch.autocast(") == 2
     assert "predict(model, [x])" in main[main.rindex("with torch.autocast("):]
+
+
+DUAL = '''\
+from contextlib import suppress
+
+import torch
+
+try:
+    from apex import amp
+    has_apex = True
+except ImportError:
+    has_apex = False
+# assert not has_apex, "this script takes the native path"
+
+has_native_amp = hasattr(torch.cuda.amp, "autocast")
+
+
+def main(amp_on, data):
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    use_amp = None
+    if amp_on:
+        if has_native_amp:
+            use_amp = "native"
+        elif has_apex:
+            use_amp = "apex"
+    # if has_apex:
+    #     print("apex is here")
+    amp_autocast, scaler = suppress, None
+    if use_amp == "apex":
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    elif use_amp == "native":
+        amp_autocast = torch.cuda.amp.autocast
+        scaler = torch.cuda.amp.GradScaler()
+    for x in data:
+        with amp_autocast():
+            loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        if use_amp == "apex":
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        elif scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+'''
+
+
+def test_a_commented_line_reading_the_apex_flag_goes_with_the_flag(tmp_path):
+    write(tmp_path, {"train.py": DUAL})
+    res = run(tmp_path, "--write")
+    assert "the apex path goes" in res.output, res.output
+    out = (tmp_path / "train.py").read_text()
+    assert "has_apex = " not in out and "# assert not has_apex" not in out
+    # the commented-out block stays whole
+    assert "    # if has_apex:\n    #     print(\"apex is here\")\n" in out
+    compile(out, "train.py", "exec")

@@ -1050,6 +1050,10 @@ class DualModule:
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) == flag and \
                         id(n) not in self.dead and id(n) not in fc.touched and not self._inside_dropped(n):
                     fc.remove(n)
+            if "." not in flag:
+                # `# assert not has_apex, "..."` on a line of its own: commented-out code of a flag
+                # that goes could no longer be uncommented
+                fc.drop_commented_code(1, self.m.src.line_count, flag, alone=True)
 
         # `self.use_apex = False` in __init__ (its `= True` went with the apex branch): once nothing
         # in the project reads the attribute, its stores go

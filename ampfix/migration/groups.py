@@ -203,14 +203,19 @@ class FileChanges:
                 no -= 1
         return out
 
-    def drop_commented_code(self, first: int, last: int, name: str) -> None:
+    def drop_commented_code(self, first: int, last: int, name: str, alone: bool = False) -> None:
         """Full comment lines between lines ``first`` and ``last`` that are commented-out code
         reading ``name`` (``# print(keep_batchnorm_fp32)``), once the migration removed the only
-        binding of ``name``: the line could no longer be uncommented."""
+        binding of ``name``: the line could no longer be uncommented.  ``alone``: only a line
+        with no comment line right above or below it (a line of a commented-out block would leave
+        the block broken)."""
         word = re.compile(rf"\b{re.escape(name)}\b")
+        comment = lambda k: 1 <= k <= self.src.line_count and self.src.line_text(k).strip().startswith("#")
         for no in range(first, last + 1):
             text = self.src.line_text(no).strip()
             if not text.startswith("#") or not word.search(text):
+                continue
+            if alone and (comment(no - 1) or comment(no + 1)):
                 continue
             tree = _commented_code(text)
             if tree is not None and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(tree)):
@@ -359,7 +364,7 @@ def _commented_code(line: str) -> Optional[ast.Module]:
     if not text.startswith("#"):
         return None
     code = text.lstrip("#").strip()
-    if not code or not any(c in code for c in "()=[]."):
+    if not code or not (any(c in code for c in "()=[].") or code.startswith(("assert ", "del ", "raise "))):
         return None
     try:
         tree = ast.parse(code)
