@@ -647,6 +647,10 @@ def main(argv=None) -> int:
     for repo in sorted(p for p in args.corpus.iterdir() if p.is_dir()):
         tmp = Path(tempfile.mkdtemp()) / repo.name
         shutil.copytree(repo, tmp)
+        # a user runs ampfix in a checkout, whose `.git` marks the project root (the corpus copies
+        # have none: without it a root with no setup.py/pyproject.toml is read as a folder of
+        # separate checkouts, and imports across its top-level folders are not followed)
+        (tmp / ".git").mkdir(exist_ok=True)
         before = check_json(tmp)
         w = ampfix("migrate", "--write", *unsafe, "--no-respect-gitignore", str(tmp))
         if w.returncode not in (0, 1):
