@@ -540,7 +540,8 @@ def side(mods, fls):
         "broken": sum(r["status"] == "broken" for r in mods),
         "right %": round(100 * sum(r["status"] == "migrated" for r in mods) / max(1, len(mods)), 1),
         "files written": sum(f.get("changed", False) for f in fls),
-        "written files that do not compile": sum(f.get("changed", False) and not f["compiles"] for f in fls),
+        "written files that do not compile": sum(f.get("changed", False) and not f["compiles"]
+                                                 and f.get("compiled_before", True) for f in fls),
         "written files that did not compile before either (not counted above)": sum(
             f.get("changed", False) and f.get("compiled_before") is False for f in fls),
         "repos where a second migrate changes something": sum(f.get("idempotent") is False for f in fls),
@@ -688,7 +689,7 @@ def main(argv=None) -> int:
                     try:
                         compile(text_before, rel, "exec")
                     except SyntaxError:
-                        compiles = compiled_before = False
+                        compiled_before = False
             self_before = {(d["code"], d["message"]) for d in by[path] if d["code"] in SELF}
             new_self = [f"{d['code']} line {d['location']['line']}: {d['message']}" for d in after_by[path]
                         if d["code"] in SELF and (d["code"], d["message"]) not in self_before]
@@ -709,7 +710,7 @@ def main(argv=None) -> int:
             not_passed = [m for k, m in missing if k in mine]
             not_found = sorted(f"{c + '.' if c else ''}{f}({new})" for f, c, new, _ in mine & unseen)
             named_not_passed = [m for k, m in by_name_only if k in mine]
-            files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles or not compiled_before,
+            files.append({"repo": repo.name, "path": rel, "changed": changed, "compiles": compiles,
                           "compiled_before": compiled_before,
                           "new_self_check": new_self, "added_syncs": max(0, syncs), "unused_scalers": dead,
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,

@@ -51,12 +51,11 @@ class EvaluationRewrites:
                     cond = disj(cond, self.enabled[t.idx])
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
-            self._wrap_inline_evaluations(module, unit, models | self._aliases(unit, models), cond,
-                                          s.stmt.end_lineno, s.stmt)
+            self._wrap_inline_evaluations(module, unit, models | self._aliases(unit, models), cond, s.stmt)
             # the functions the plan hands the scaler to as a parameter (where a scaled backward is)
             carried = {id(u.func.node): c for u, c in self.g.needs
                        if u.func is not None and c is not None and c.kind == "param"}
-            for f, names in self._wrap_evaluations(module, caller, unit, models, cond, s.stmt.end_lineno, s.stmt):
+            for f, names in self._wrap_evaluations(module, caller, unit, models, cond, s.stmt):
                 # the training function the model is handed to, with the scaler (FixMatch's
                 # `train(..., model, optimizer, ..., scaler=scaler)` evaluates inside its loop);
                 # a function that only calls others (`validate(model, loaders)`) has no scaler
@@ -64,15 +63,16 @@ class EvaluationRewrites:
                 if c is None or not f.module.editable:
                     continue
                 self._wrap_evaluations(f.module, f, f.node, names | self._aliases(f.node, names),
-                                       self._autocast_enabled(f.module, f, c), 0)
+                                       self._autocast_enabled(f.module, f, c))
 
-    def _wrap_evaluations(self, module, caller, unit, models: Set[str], cond: str, after: int, seed=None):
-        """Each call after line ``after`` in ``unit`` that hands one of ``models`` to a project
-        function that only evaluates it runs under autocast(``cond``); returns the functions
-        the models are handed to that train, each with the parameters that receive them.  A call
-        in a branch the ``seed`` statement's excludes (``if mode == "train": <seed> elif mode ==
-        "predict": predict(model)``) never ran after apex's setup: it is left."""
+    def _wrap_evaluations(self, module, caller, unit, models: Set[str], cond: str, seed=None):
+        """Each call after the ``seed`` statement (anywhere without one) in ``unit`` that hands one
+        of ``models`` to a project function that only evaluates it runs under autocast(``cond``);
+        returns the functions the models are handed to that train, each with the parameters that
+        receive them.  A call in a branch the ``seed`` statement's excludes (``if mode == "train":
+        <seed> elif mode == "predict": predict(model)``) never ran after apex's setup: it is left."""
         trains = []
+        after = seed.end_lineno if seed is not None else 0
         partials = self._partials(module, caller, unit, models)
         for n in walk(unit):
             if not isinstance(n, ast.Call) or n.lineno <= after:
@@ -123,17 +123,18 @@ class EvaluationRewrites:
                            "autocast")
         return trains
 
-    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, after: int, seed=None) -> None:
-        """Each forward of one of ``models`` after line ``after`` in ``unit`` itself that only
-        evaluates (see the module's doc) runs under autocast(``cond``), with the statements right
-        after it that compute a loss from its output."""
+    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, seed) -> None:
+        """Each forward of one of ``models`` after the ``seed`` statement in ``unit`` itself, and not
+        in a branch its branch excludes, that only evaluates (see the module's doc) runs under
+        autocast(``cond``), with the statements right after it that compute a loss from its output."""
+        after = seed.end_lineno
         switches = sorted((n.lineno, n.func.attr) for n in walk(unit) if isinstance(n, ast.Call)
                           and method_call(n, "eval", "train") and dotted(n.func.value) in models)
         for n in walk(unit):
             if not calls_model(n, models) or n.lineno <= after:
                 continue
             st = stmt_of(n)
-            if seed is not None and other_branch(seed, st, unit):
+            if other_branch(seed, st, unit):
                 continue
             if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.Expr)) or st.value is None or \
                     any(isinstance(a, DEFS) for a in ancestors_stmts(st, unit)):

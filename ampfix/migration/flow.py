@@ -79,13 +79,13 @@ def other_branch(a: ast.stmt, b: ast.stmt, unit) -> bool:
     that no loop of ``unit`` encloses: one run of ``unit`` never runs ``b`` after ``a``
     (``analysis.exclusive`` asks about one pass: a loop around the ``if`` runs both, in turn)."""
     chain = [a, *ancestors_stmts(a, unit)]
+    around_b = {id(x) for x in [b, *ancestors_stmts(b, unit)]}
     for i in range(1, len(chain)):
         x = chain[i]
         if not isinstance(x, ast.If) or any(isinstance(y, LOOPS) for y in chain[i + 1:]):
             continue
-        child = chain[i - 1]
-        other = x.orelse if any(child is y for y in x.body) else x.body
-        if any(b is y or any(b is z for z in walk(y)) for y in other):
+        other = x.orelse if any(chain[i - 1] is y for y in x.body) else x.body
+        if any(id(y) in around_b for y in other):
             return True
     return False
 
