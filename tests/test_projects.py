@@ -305,3 +305,40 @@ def test_parts_planned_side_by_side_in_workers(tmp_path):
         after = PROJECTS / name / "after"
         for rel in tree(after):
             assert (tmp_path / name / rel).read_text() == (after / rel).read_text(), (name, rel)
+
+
+def test_checkout_of_several_projects_keeps_vendored_copies_apart(tmp_path):
+    """A checkout whose root has only `.git` (a monorepo of research projects) is not one package:
+    `from transformers import Trainer` in one project does not reach the copy vendored in another;
+    a file that edits sys.path (or imports a module that does) may import from anywhere."""
+    from ampfix.project.parts import import_components
+
+    files = {
+        "ChildTuning/run.py": b"from transformers import Trainer\n",
+        "PALM/others/transformers/__init__.py": b"from apex import amp\n",
+        "exp/exp1.py": b"import sys\nsys.path.append('../input/src/')\nfrom trainer import train\n",
+        "exp/exp2.py": b"import _init_paths\nfrom trainer import train\n",
+        "exp/_init_paths.py": b"import sys\nsys.path.insert(0, '../input/src')\n",
+        "input/src/trainer.py": b"def train(): pass\n",
+        "other/run.py": b"from trainer import train\n",  # no path edit: not importable from here
+    }
+    (tmp_path / ".git").mkdir()
+    texts = {}
+    for rel, data in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        texts[str(p.resolve())] = data
+
+    def part(parts, rel):
+        return parts.find(str((tmp_path / rel).resolve()))
+
+    parts = import_components(texts, tmp_path)
+    assert part(parts, "ChildTuning/run.py") != part(parts, "PALM/others/transformers/__init__.py")
+    assert part(parts, "exp/exp1.py") == part(parts, "input/src/trainer.py") == part(parts, "exp/exp2.py")
+    assert part(parts, "other/run.py") != part(parts, "input/src/trainer.py")
+    # one installable package: any module imports another by name
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    parts = import_components(texts, tmp_path)
+    assert part(parts, "ChildTuning/run.py") == part(parts, "PALM/others/transformers/__init__.py")
+    assert part(parts, "other/run.py") == part(parts, "input/src/trainer.py")

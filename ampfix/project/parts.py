@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+# the markers of one installable project: its modules import each other by name from anywhere in
+# it.  A checkout's `.git` alone marks where the run's paths are read from, not one package: a
+# monorepo's top-level folders are projects of their own (a copy of `transformers` vendored in one
+# is not what another imports)
+PACKAGE_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg")
 
 
 def project_root(paths: Sequence[str]) -> Optional[Path]:
@@ -38,14 +43,16 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
     A file joins another whose module name (its stem, or its package's folder) it names, when
     Python could import that one from it: from a folder above the first file whose folders down
     to the other it names too (``import pkg.mod``, ``from .mod import f``, ``pkg.mod.f``), or
-    anywhere in the same project (an installed package, a src layout, ``sys.path`` edits, a
-    launcher's root).  More joins only make a part larger; the planner also joins parts whose
-    planning reads a file of another."""
+    anywhere in the same project (an installed package, a src layout, a launcher's root), or
+    anywhere at all from a file that edits ``sys.path`` or imports one that does
+    (``import _init_paths``).  More joins only make a part larger; the planner also joins parts
+    whose planning reads a file of another."""
     parts = Parts(texts)
     top = str(root.resolve()) if root is not None else None
-    # a root without a project marker holds several projects (a folder of checkouts): its
-    # top-level folders are told apart, and only Python's own lookup joins across them
-    marked = root is not None and any((root / m).exists() for m in PROJECT_MARKERS)
+    # a root that is not one package (a checkout's .git alone, or no marker: a folder of
+    # checkouts) holds several projects: its top-level folders are told apart, and only
+    # Python's own lookup, or a sys.path edit, joins across them
+    marked = root is not None and any((root / m).exists() for m in PACKAGE_MARKERS)
 
     def project_of(path: str) -> Optional[str]:
         """The project that holds ``path``: "" under a marked root, else the top-level folder
@@ -73,12 +80,13 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
                 for other in files[1:]:
                     parts.join(str(files[0]), str(other))
 
+    free = _path_editors(texts)
     for path, data in texts.items():
         words = set(_WORD.findall(data))
         mine = projects[path]
         for name in words.intersection(by_name):
             for proj, files in by_name[name].items():
-                if proj is not None and proj == mine:
+                if (proj is not None and proj == mine) or path in free:
                     parts.join(path, str(files[0]))
                     continue
                 if proj is not None and proj.encode("ascii", "replace") not in words:
@@ -93,6 +101,23 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
                             break
                         folder = folder.parent
     return parts
+
+
+_SYS_PATH = re.compile(rb"\bsys\.path\s*(?:\.\s*(?:append|insert|extend)\b|\[|\+=|=(?!=))")
+_IMPORTED = re.compile(rb"^[ \t]*(?:import|from)[ \t]+([A-Za-z_][A-Za-z0-9_.]*)", re.M)
+
+
+def _path_editors(texts: Dict[str, bytes]) -> set:
+    """The files that edit ``sys.path``, or import by its bare name a module that does (the
+    ``_init_paths`` of many repositories): Python may import any file of the run from them."""
+    editors = {path for path, data in texts.items() if _SYS_PATH.search(data)}
+    names = {Path(p).stem.encode("ascii", "replace") for p in editors} - {b"__init__"}
+    free = set(editors)
+    if names:
+        for path, data in texts.items():
+            if path not in free and any(m.split(b".")[0] in names for m in _IMPORTED.findall(data)):
+                free.add(path)
+    return free
 
 
 class Parts:
