@@ -230,12 +230,14 @@ def main(model, optimizer, loader, criterion):
 
 
 def test_bfloat16_refuses_an_output_handed_to_numpy(tmp_path):
-    """numpy has no bfloat16: the migration would fail at `.numpy()` on the forward's output."""
-    src = NUMPY_TRAIN.replace("KEEP", "logits.detach().cpu().numpy()")
+    """numpy has no bfloat16: the migration would fail at `.numpy()` on the forward's output (an
+    output nothing proves floating: the logits a loss takes get a `.float()`, tests/test_round40)."""
+    src = NUMPY_TRAIN.replace("logits = model(x)", "logits, aux = model(x)").replace(
+        "KEEP", "aux.detach().cpu().numpy()")
     write(tmp_path, {"train.py": src})
     out = run(tmp_path, "--dtype", "bfloat16")
     assert "would be rewritten" not in out.output, out.output
-    assert "`logits.detach().cpu().numpy()` at line 16 hands the forward's output to numpy" in out.output, out.output
+    assert "`aux.detach().cpu().numpy()` at line 16 hands the forward's output to numpy" in out.output, out.output
     run(tmp_path, "--write", "-q")  # float16: numpy has float16
     assert "scaler.scale(loss)" in (tmp_path / "train.py").read_text()
 

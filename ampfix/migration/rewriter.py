@@ -23,6 +23,7 @@ class Rewriter:
         self.s = project.settings
         self.g = g
         self.regions: Dict[int, Tuple[object, list, list]] = {}
+        self._floated: set = set()  # the ids of the `.numpy()` calls given a `.float()`
 
     def fc(self, module) -> FileChanges:
         return self.g.file(module)
@@ -62,12 +63,14 @@ class Rewriter:
                 else:
                     fc.wrap(block[i], block[j], f"with {h}")
 
-    @staticmethod
-    def _numpy_of_bfloat16(module, block, i: int, j: int) -> None:
+    def _numpy_of_bfloat16(self, module, block, i: int, j: int) -> None:
         """With bfloat16, the region's outputs (``logits``) are bfloat16 tensors, and numpy has no
         bfloat16: ``logits.detach().cpu().numpy()`` after the region would fail.  Refused, with the
         line, where such a call takes something the region computed through calls that keep its
-        dtype (an ``argmax`` or a ``.float()`` on the way makes it another dtype: it passes)."""
+        dtype (an ``argmax`` or a ``.float()`` on the way makes it another dtype: it passes).  A name
+        proved floating before the call (a loss backwarded, ``return total_loss.detach().cpu().numpy()``
+        after ``total_loss.backward()``; a loss's input, ``logits`` after ``loss_fct(logits, y)``)
+        gets ``.float()`` before ``.numpy()``: a no-op on float32, float32 where it was bfloat16."""
         made, losses = set(), set()
         for st in [x for s in block[i:j + 1] for x in [s, *walk(s)] if isinstance(x, (ast.Assign, ast.AugAssign))]:
             got = assigned(st)
@@ -81,11 +84,23 @@ class Rewriter:
         unit = next((a for a in ancestors_stmts(block[i]) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))),
                     module.tree)
         end = block[j].end_lineno
+        rebound = []  # assignments after the region from something else
         for n in walk(unit):  # in line order: what is computed from an output joins it first
-            if isinstance(n, ast.Assign) and n.lineno > end and same_dtype_root(n.value) in made:
-                made |= assigned(n)
+            if isinstance(n, ast.Assign) and n.lineno > end:
+                if same_dtype_root(n.value) in made:
+                    made |= assigned(n)
+                else:
+                    rebound.append(n)
             elif isinstance(n, ast.Call) and n.lineno > end and isinstance(n.func, ast.Attribute) and \
                     n.func.attr == "numpy" and same_dtype_root(n.func.value) in made:
+                if _rebound_before(rebound, same_dtype_root(n.func.value), n):
+                    continue  # `logits = model(x)` again, outside the region, on every way here
+                if _floating_before(unit, same_dtype_root(n.func.value), n):
+                    if id(n) not in self._floated:
+                        self._floated.add(id(n))
+                        at = module.src.offset(n.func.value.end_lineno, n.func.value.end_col_offset)
+                        self.fc(module).edits.append(insert_edit(at, ".float()"))
+                    continue
                 raise Refuse(f"with bfloat16, `{module.src.code(n)}` at line {n.lineno} hands the forward's "
                              "output to numpy, which has no bfloat16: convert it first (`.float()`) by hand, or "
                              "migrate with float16")
@@ -427,6 +442,52 @@ def runs_as_often(a, b, unit) -> bool:
     common = next((l for l in loops_around(b, unit) if any(l is x for x in la)), unit)
     ga = {id(x) for x in guards(a, common)}
     return all(id(x) in ga for x in guards(b, common))
+
+
+def _rebound_before(rebound, name: Optional[str], call) -> bool:
+    """One of the assignments ``rebound`` binds ``name`` before ``call`` on every way to it: it lies
+    in a block that holds ``call``'s statement or one enclosing it, before that one."""
+    stmt = call
+    while stmt is not None and not isinstance(stmt, ast.stmt):
+        stmt = getattr(stmt, "_p", None)
+    if stmt is None:
+        return False
+    chain = [stmt, *ancestors_stmts(stmt)]
+    for a in rebound:
+        if a.lineno >= call.lineno or name not in assigned(a):
+            continue
+        while isinstance(getattr(a, "_p", None), (ast.With, ast.AsyncWith)):
+            a = a._p  # a `with` body runs whenever the `with` does
+        seq = block_of(a)[2]
+        k = next((k for k, x in enumerate(seq) if x is a), None)
+        if k is not None and any(x is c for x in seq[k + 1:] for c in chain):
+            return True
+    return False
+
+
+def _floating_before(unit, name: Optional[str], call) -> bool:
+    """``name`` holds a floating tensor at ``call``: on a line before it in ``unit`` it is backwarded
+    (``name.backward()``, ``amp.scale_loss(name, ...)``) or is the input of a loss
+    (``loss_fct(logits.view(-1, n), labels)``: a loss's first argument is its prediction; the
+    target, an integer tensor for a classification, comes after), and is not assigned between."""
+    if name is None:
+        return False
+    last = None
+    for n in walk(unit):
+        if not isinstance(n, ast.Call) or n.lineno >= call.lineno:
+            continue
+        last_part = (dotted(n.func) or "").split(".")[-1].lower()
+        if (isinstance(n.func, ast.Attribute) and (
+                (n.func.attr == "backward" and isinstance(n.func.value, ast.Name) and n.func.value.id == name)
+                or (n.func.attr == "scale_loss" and n.args and isinstance(n.args[0], ast.Name)
+                    and n.args[0].id == name))) or (
+                ("loss" in last_part or "crit" in last_part) and n.args
+                and not isinstance(n.args[0], ast.Starred) and same_dtype_root(n.args[0]) == name):
+            last = max(last or 0, n.lineno)
+    if last is None:
+        return False
+    return not any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and last < n.lineno <= call.lineno
+                   and name in assigned(n) for n in walk(unit))
 
 
 def insert_edit(at: int, text: str):
