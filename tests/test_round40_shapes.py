@@ -119,6 +119,11 @@ def test_bfloat16_passes_an_output_computed_again_outside_the_region(tmp_path):
     run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
     text = (tmp_path / "train.py").read_text()
     assert "apex" not in text and "preds.append(logits.detach().cpu().numpy())" in text, text
+    # computed from the region's output (sigmoid keeps bfloat16): still the region's, refused
+    write(tmp_path, {"train.py": EVAL.replace("KEEP", "logits = torch.sigmoid(logits)\n        "
+                                               "probs = logits.cpu().numpy()")})
+    out = run(tmp_path, "--dtype", "bfloat16")
+    assert "`logits.cpu().numpy()` at line 21 hands the forward's output to numpy" in out.output, out.output
     # where it may not be computed again (one branch), it stays the region's: refused
     write(tmp_path, {"train.py": src.replace("        with torch.no_grad():\n            logits = model(x)",
                                               "        if x is None:\n            logits = model(x)")})

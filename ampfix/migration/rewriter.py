@@ -89,7 +89,9 @@ class Rewriter:
             if isinstance(n, ast.Assign) and n.lineno > end:
                 if same_dtype_root(n.value) in made:
                     made |= assigned(n)
-                else:
+                elif not read(n.value) & made:
+                    # from nothing the region made (`logits = model(x)` again, outside it); a value
+                    # computed from one (`prediction = torch.sigmoid(prediction)`) may keep its dtype
                     rebound.append(n)
             elif isinstance(n, ast.Call) and n.lineno > end and isinstance(n.func, ast.Attribute) and \
                     n.func.attr == "numpy" and same_dtype_root(n.func.value) in made:
