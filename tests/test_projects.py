@@ -337,6 +337,12 @@ def test_checkout_of_several_projects_keeps_vendored_copies_apart(tmp_path):
     assert part(parts, "ChildTuning/run.py") != part(parts, "PALM/others/transformers/__init__.py")
     assert part(parts, "exp/exp1.py") == part(parts, "input/src/trainer.py") == part(parts, "exp/exp2.py")
     assert part(parts, "other/run.py") != part(parts, "input/src/trainer.py")
+    # no .git: a folder of several checkouts, where a sys.path edit stays in its own (exp1's
+    # string names the folders down to trainer.py, which Python's lookup follows still)
+    (tmp_path / ".git").rmdir()
+    parts = import_components(texts, tmp_path)
+    assert part(parts, "exp/exp2.py") != part(parts, "input/src/trainer.py")
+    assert part(parts, "exp/exp1.py") == part(parts, "input/src/trainer.py")
     # one installable package: any module imports another by name
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup()\n")
     parts = import_components(texts, tmp_path)

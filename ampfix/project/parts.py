@@ -44,7 +44,7 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
     Python could import that one from it: from a folder above the first file whose folders down
     to the other it names too (``import pkg.mod``, ``from .mod import f``, ``pkg.mod.f``), or
     anywhere in the same project (an installed package, a src layout, a launcher's root), or
-    anywhere at all from a file that edits ``sys.path`` or imports one that does
+    anywhere in the checkout from a file that edits ``sys.path`` or imports one that does
     (``import _init_paths``).  More joins only make a part larger; the planner also joins parts
     whose planning reads a file of another."""
     parts = Parts(texts)
@@ -80,7 +80,9 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
                 for other in files[1:]:
                     parts.join(str(files[0]), str(other))
 
-    free = _path_editors(texts)
+    # in one checkout (a .git at the root) a sys.path edit may reach any of its folders; in a
+    # folder of several checkouts it stays in its own
+    free = _path_editors(texts) if root is not None and (root / ".git").exists() else set()
     for path, data in texts.items():
         words = set(_WORD.findall(data))
         mine = projects[path]
