@@ -9,6 +9,13 @@
    ``tmp_eval_loss = loss_fct(logits.view(-1, n), label_ids.view(-1))`` then
    ``preds.append(logits.detach().cpu().numpy())``: a loss's first argument is its prediction);
    any other output of the forward stays refused, and so does a loss's target.
+2. A fold loop whose initialize reads options computed under its guard (carbonati's melanoma:
+   ``for fold_id in fold_ids: ... optim = get_optimizer(...); if config.get('fp_16'): opt_level =
+   config.get(...); loss_scale = ...; model, optim = amp.initialize(...)``) was refused ("the
+   scaler's options are set inside the `for`").  The optimizer is made in the loop's body, so the
+   scalers are made beside it (a disabled one before the guard, the configured one in it): a fresh
+   scaler per optimizer, as apex's initialize made a fresh loss scaler.  An optimizer made before
+   the loop keeps it refused: the loop would make a new scaler for the same optimizer.
 """
 from test_round17_shapes import run, write
 
@@ -129,3 +136,57 @@ def test_bfloat16_passes_an_output_computed_again_outside_the_region(tmp_path):
                                               "        if x is None:\n            logits = model(x)")})
     out = run(tmp_path, "--dtype", "bfloat16")
     assert "hands the forward's output to numpy" in out.output, out.output
+
+
+FOLDS = '''\
+import torch
+from apex import amp
+
+
+def fit(model, optimizer, loader):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+
+
+def main(config, folds, make_model, loader):
+    for fold in folds:
+        model = make_model().cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if config.get("fp_16"):
+            opt_level = config.get("opt_level", "O1")
+            model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level)
+        fit(model, optimizer, loader)
+'''
+
+
+def test_options_computed_under_the_guard_in_a_fold_loop(tmp_path):
+    write(tmp_path, {"train.py": FOLDS})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text, text
+    assert '''        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda", enabled=False)
+        if config.get("fp_16"):
+            opt_level = config.get("opt_level", "O1")
+            scaler = torch.amp.GradScaler("cuda", enabled=opt_level != "O0")
+        fit(model, optimizer, loader, scaler=scaler)
+''' in text, text
+    assert "scaler.scale(loss).backward()" in text and "enabled=scaler.is_enabled()" in text, text
+
+
+def test_options_computed_under_the_guard_in_a_loop_without_the_optimizer_refuse(tmp_path):
+    src = FOLDS.replace("""    for fold in folds:
+        model = make_model().cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+""", """    model = make_model().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for fold in folds:
+""")
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path)
+    assert "runs inside a `for` loop" in out.output and "make the scaler by hand" in out.output, out.output
+    assert "would be rewritten" not in out.output, out.output

@@ -793,6 +793,10 @@ class SeedRewrites:
         fc = self.fc(m)
         gs = guards(s.stmt, s.unit)
         ifs = []
+        # the optimizer made in a loop's body (a fold loop: `for fold ...: optimizer = ...; if fp16:
+        # <options>; initialize(...)`): the scalers go beside it, a fresh one per optimizer as
+        # apex's initialize made a fresh loss scaler; what encloses that block does not matter
+        home = self._optimizer_home(s)
         for a in ancestors_stmts(s.stmt, s.unit):
             # an `elif` (the `else` of an `if`) holds it like a guard: a disabled scaler made
             # before the outermost `if` is there on every path
@@ -801,6 +805,8 @@ class SeedRewrites:
             elif not isinstance(a, DEFS + (ast.With, ast.AsyncWith)):
                 raise Refuse(f"line {s.stmt.lineno}: the scaler's options are set inside the `{type(a).__name__.lower()}`"
                              f" at line {a.lineno}; make the scaler by hand")
+            if a is home:
+                break
         top = ifs[-1] if ifs else gs[-1]
         args = [*scaler_args, *([f"enabled={enabled}"] if enabled != "True" else [])]
         col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
