@@ -82,15 +82,21 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
 
     # in one checkout (a .git at the root) a sys.path edit may reach any of its folders; in a
     # folder of several checkouts it stays in its own
-    free = _path_editors(texts) if root is not None and (root / ".git").exists() else set()
+    free = _path_editors(texts) if root is not None and (root / ".git").exists() else {}
     for path, data in texts.items():
         words = set(_WORD.findall(data))
         mine = projects[path]
         for name in words.intersection(by_name):
             for proj, files in by_name[name].items():
-                if (proj is not None and proj == mine) or path in free:
+                if proj is not None and proj == mine:
                     parts.join(path, str(files[0]))
                     continue
+                if path in free:
+                    # the folders its sys.path edit names: a module right in one, or a package
+                    for other in files:
+                        folder = other.parent.parent if other.stem == "__init__" else other.parent
+                        if folder.name.encode("utf-8", "replace") in free[path]:
+                            parts.join(path, str(other))
                 if proj is not None and proj.encode("ascii", "replace") not in words:
                     continue  # another project: importable only through its folder's name
                 for other in files:  # Python's lookup: a folder above `path`, then named folders
@@ -106,19 +112,31 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
 
 
 _SYS_PATH = re.compile(rb"\bsys\.path\s*(?:\.\s*(?:append|insert|extend)\b|\[|\+=|=(?!=))")
+_STRING = re.compile(rb"""["']([^"'\n]{1,200})["']""")
 _IMPORTED = re.compile(rb"^[ \t]*(?:import|from)[ \t]+([A-Za-z_][A-Za-z0-9_.]*)", re.M)
 
 
-def _path_editors(texts: Dict[str, bytes]) -> set:
+def _path_editors(texts: Dict[str, bytes]) -> Dict[str, set]:
     """The files that edit ``sys.path``, or import by its bare name a module that does (the
-    ``_init_paths`` of many repositories): Python may import any file of the run from them."""
-    editors = {path for path, data in texts.items() if _SYS_PATH.search(data)}
-    names = {Path(p).stem.encode("ascii", "replace") for p in editors} - {b"__init__"}
-    free = set(editors)
-    if names:
+    ``_init_paths`` of many repositories), each with the folder names its strings give
+    (``sys.path.append("../input/severstal-src/")``, ``osp.join(this_dir, "..", "lib")``): Python
+    may import from them what lies right in such a folder of the checkout."""
+    editors = {}
+    for path, data in texts.items():
+        if _SYS_PATH.search(data):
+            editors[path] = {c for s in _STRING.findall(data) for c in re.split(rb"[/\\]+", s)
+                             if c and c not in (b".", b"..")}
+    by_stem: Dict[bytes, set] = {}
+    for p, comps in editors.items():
+        if Path(p).stem != "__init__":
+            by_stem.setdefault(Path(p).stem.encode("ascii", "replace"), set()).update(comps)
+    free = dict(editors)
+    if by_stem:
         for path, data in texts.items():
-            if path not in free and any(m.split(b".")[0] in names for m in _IMPORTED.findall(data)):
-                free.add(path)
+            for m in _IMPORTED.findall(data):
+                comps = by_stem.get(m.split(b".")[0])
+                if comps is not None:
+                    free.setdefault(path, set()).update(comps)
     return free
 
 
