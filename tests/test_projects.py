@@ -259,6 +259,17 @@ def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatc
     assert 2 in sizes  # the launcher and the trainer, planned together after the first try
 
 
+def _written(root, files):
+    """Write ``files`` (relative path -> bytes) under ``root``: resolved path -> bytes."""
+    texts = {}
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        texts[str(p.resolve())] = data
+    return texts
+
+
 def test_import_graph_follows_python_lookup(tmp_path):
     """Files join where Python could import one from the other; a folder of several projects
     (no marker above them) keeps them apart even where module names repeat."""
@@ -275,12 +286,7 @@ def test_import_graph_follows_python_lookup(tmp_path):
         "c/src/mylib/core.py": b"def go(): pass\n",
         "c/src/mylib/__init__.py": b"",
     }
-    texts = {}
-    for rel, data in files.items():
-        p = tmp_path / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-        texts[str(p.resolve())] = data
+    texts = _written(tmp_path, files)
     parts = import_components(texts, tmp_path)
     part = {rel: parts.find(str((tmp_path / rel).resolve())) for rel in files}
     assert part["a/train.py"] == part["a/engine/loop.py"] == part["a/engine/helpers.py"] == part["a/utils.py"]
@@ -323,12 +329,7 @@ def test_checkout_of_several_projects_keeps_vendored_copies_apart(tmp_path):
         "other/run.py": b"from trainer import train\n",  # no path edit: not importable from here
     }
     (tmp_path / ".git").mkdir()
-    texts = {}
-    for rel, data in files.items():
-        p = tmp_path / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-        texts[str(p.resolve())] = data
+    texts = _written(tmp_path, files)
 
     def part(parts, rel):
         return parts.find(str((tmp_path / rel).resolve()))
