@@ -43,9 +43,9 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
     A file joins another whose module name (its stem, or its package's folder) it names, when
     Python could import that one from it: from a folder above the first file whose folders down
     to the other it names too (``import pkg.mod``, ``from .mod import f``, ``pkg.mod.f``), or
-    anywhere in the same project (an installed package, a src layout, a launcher's root), or
-    anywhere in the checkout from a file that edits ``sys.path`` or imports one that does
-    (``import _init_paths``).  More joins only make a part larger; the planner also joins parts
+    anywhere in the same project (an installed package, a src layout, a launcher's root), or,
+    in a checkout, right in a folder that a ``sys.path`` edit names, from the file that makes the
+    edit or imports the module that does (``import _init_paths``).  More joins only make a part larger; the planner also joins parts
     whose planning reads a file of another."""
     parts = Parts(texts)
     top = str(root.resolve()) if root is not None else None
@@ -80,8 +80,8 @@ def import_components(texts: Dict[str, bytes], root: Optional[Path] = None) -> "
                 for other in files[1:]:
                     parts.join(str(files[0]), str(other))
 
-    # in one checkout (a .git at the root) a sys.path edit may reach any of its folders; in a
-    # folder of several checkouts it stays in its own
+    # in one checkout (a .git at the root) a sys.path edit reaches the folders it names; in a
+    # folder of several checkouts it stays in its own project
     free = _path_editors(texts) if root is not None and (root / ".git").exists() else {}
     for path, data in texts.items():
         words = set(_WORD.findall(data))
