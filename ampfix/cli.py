@@ -176,12 +176,27 @@ def _guard(kw, body):
     except BrokenPipeError:
         raise
     except Exception as exc:  # an internal error: one line unless --verbose
+        stop = _stop_behind(exc)
+        if stop is not None:  # raised while a Ctrl-C or SIGTERM unwound the run: that is what ended it
+            raise stop from None
         if kw.get("verbose"):
             traceback.print_exc()
         else:
             click.echo(f"ampfix: internal error: {type(exc).__name__}: {exc} (run with --verbose for the traceback)",
                        err=True)
         return EXIT_ERROR
+
+
+def _stop_behind(exc: BaseException):
+    """The KeyboardInterrupt or SystemExit an exception was raised in the handling of, if any."""
+    seen = set()
+    cur = exc.__context__ or exc.__cause__
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (KeyboardInterrupt, SystemExit)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__context__ or cur.__cause__
+    return None
 
 
 class _Group(click.Group):

@@ -26,6 +26,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import wait
 from typing import Any, Callable, List, Optional, Sequence
 
+from ampfix.engine.interrupts import shielded
+
 
 class WorkerDied(Exception):
     """The worker process running the job ended without answering (a crash in the interpreter,
@@ -117,7 +119,7 @@ class Pool:
     # ------------------------------------------------------------------ the caller's side
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
         fut: Future = Future()
-        with self._lock:
+        with shielded(), self._lock:  # a Ctrl-C landing here must not leave the lock held
             if self._closed or self._broken is not None:
                 raise RuntimeError("the pool is closed" if self._closed else f"the pool failed: {self._broken}")
             self._queue.append((fut, fn, arg))
@@ -138,6 +140,10 @@ class Pool:
 
     def close(self) -> None:
         """Kill the workers now and fail what is pending; nothing waits for work in flight."""
+        with shielded():  # it runs on the way out of a Ctrl-C: a second one must not cut it short
+            self._close()
+
+    def _close(self) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -246,12 +252,14 @@ class Pool:
 
 
 def result(fut: Future) -> Any:
-    """The future's result, waiting in short slices so that Ctrl-C is seen at once."""
+    """The future's result, waiting in short slices so that Ctrl-C is seen at once (at the end of
+    a slice: a signal handled inside the future's wait would break its lock, see interrupts.py)."""
     while True:
-        try:
-            return fut.result(timeout=0.2)
-        except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
-            continue
+        with shielded():
+            try:
+                return fut.result(timeout=0.2)
+            except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
+                pass
 
 
 def _kill(process) -> None:
