@@ -133,7 +133,13 @@ SCALER_METHODS = {"scale", "unscale_", "step", "update", "get_scale", "is_enable
 def bf16_numpy(text: str) -> list:
     """Lines where a tensor a bfloat16 ``torch.autocast`` region computed (not a loss: autocast
     computes those in float32) reaches ``.numpy()`` through calls that keep its dtype
-    (``logits.detach().cpu().numpy()``): numpy has no bfloat16, so the call fails at run time."""
+    (``logits.detach().cpu().numpy()``): numpy has no bfloat16, so the call fails at run time.
+
+    A name bound again after the regions, on the straight way to the call (a statement of a block
+    that holds the call, or of a ``with`` body there), from nothing the regions made or through a
+    conversion that fixes its dtype (``x = x.cuda().float()``), holds a new value: the evaluation
+    loop's ``logits = model(...)`` under ``torch.no_grad()``.  It counts unless a binding from the
+    region's values comes between it and the call."""
     import ast
 
     from ampfix.migration.flow import assigned, loss_call, read, same_dtype_root
@@ -142,6 +148,49 @@ def bf16_numpy(text: str) -> list:
         tree = ast.parse(text)
     except SyntaxError:
         return []
+    parent = {}
+    for n in ast.walk(tree):
+        for c in ast.iter_child_nodes(n):
+            parent[c] = n
+
+    def fixed_dtype(expr) -> bool:
+        """``x.float()``, ``x.cuda().long()``: a conversion that leaves no bfloat16."""
+        while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+            if expr.func.attr in ("float", "double", "long", "int", "bool"):
+                return True
+            expr = expr.func.value
+        return False
+
+    def home(st):
+        """The statement that stands for `st` in the blocks around it: a ``with`` body runs whole."""
+        while isinstance(parent.get(st), ast.With) and st in parent[st].body:
+            st = parent[st]
+        return st
+
+    def blocks_to(node):
+        """(block, index) of each statement holding `node`, innermost first."""
+        out, cur = [], node
+        while cur in parent:
+            up = parent[cur]
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(up, field, None)
+                if isinstance(block, list) and cur in block:
+                    out.append((id(block), block.index(cur)))
+            cur = up
+        return out
+
+    def on_the_way(k, call) -> bool:
+        """Whether every way to `call` goes through `k`: it stands before the call's statement in
+        a block that holds it."""
+        k = home(k)
+        up = parent.get(k)
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(up, field, None)
+            if isinstance(block, list) and k in block:
+                at = block.index(k)
+                return any(b == id(block) and i > at for b, i in blocks_to(call))
+        return False
+
     out = []
     for fn in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
         body = [n for st in fn.body for n in ast.walk(st)] if fn is not tree else [
@@ -162,11 +211,19 @@ def bf16_numpy(text: str) -> list:
         made -= losses
         if not made:
             continue
+        gens, kills = [], []
         for n in sorted((n for n in body if getattr(n, "lineno", 0) > end), key=lambda n: (n.lineno, n.col_offset)):
             if isinstance(n, ast.Assign) and same_dtype_root(n.value) in made:
                 made |= assigned(n)
+                gens.append(n)
+            elif isinstance(n, ast.Assign) and (not read(n.value) & made or fixed_dtype(n.value)):
+                kills.append(n)
             elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "numpy" and \
                     same_dtype_root(n.func.value) in made:
+                name = same_dtype_root(n.func.value)
+                fresh = [k for k in kills if name in assigned(k) and k.lineno < n.lineno and on_the_way(k, n)]
+                if fresh and not any(name in assigned(g) and fresh[-1].lineno < g.lineno < n.lineno for g in gens):
+                    continue
                 out.append(n.lineno)
     return sorted(set(out))
 

@@ -165,3 +165,56 @@ def test_a_class_picked_by_a_conditional_expression_is_a_call_of_its_init(tmp_pa
     missing, unseen = mc.unpassed(tmp_path, got)
     assert [text for _, text in missing] == ["run.py:2 Model(...) without `scaler`"]
     assert unseen == set()
+
+
+REGION = '''
+import torch
+def run(model, loader, evaluate):
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+            loss = criterion(logits, y)
+        loss.backward()
+{after}
+'''
+
+
+def _numpy_lines(after: str) -> list:
+    text = REGION.format(after=after)
+    return [text.splitlines()[n - 1].strip() for n in mc.bf16_numpy(text)]
+
+
+def test_a_region_output_handed_to_numpy_is_counted():
+    assert _numpy_lines("    preds = logits.detach().cpu().numpy()\n") == ["preds = logits.detach().cpu().numpy()"]
+    # through a binding that keeps the dtype
+    assert _numpy_lines("    out = logits.detach()\n    p = out.cpu().numpy()\n") == ["p = out.cpu().numpy()"]
+    # a loss is float32 under autocast
+    assert _numpy_lines("    l = loss.detach().cpu().numpy()\n") == []
+
+
+def test_a_value_computed_again_outside_the_region_is_not_the_regions():
+    # the evaluation loop computes logits again, in float32, under no_grad
+    assert _numpy_lines(
+        "    for x, y in evaluate:\n"
+        "        with torch.no_grad():\n"
+        "            logits = model(x)\n"
+        "        preds = logits.detach().cpu().numpy()\n") == []
+    # a conversion that fixes the dtype
+    assert _numpy_lines("    logits = logits.cuda().float()\n    p = logits.cpu().numpy()\n") == []
+
+
+def test_a_rebinding_off_the_way_or_undone_still_counts():
+    # only on one branch: the other way reaches numpy with the region's value
+    assert _numpy_lines(
+        "    if evaluate:\n"
+        "        logits = model(x).float()\n"
+        "    p = logits.cpu().numpy()\n") == ["p = logits.cpu().numpy()"]
+    # bound again from the region's values between the fresh value and the call
+    assert _numpy_lines(
+        "    saved = logits\n"
+        "    logits = model(x).float()\n"
+        "    logits = saved\n"
+        "    p = logits.cpu().numpy()\n") == ["p = logits.cpu().numpy()"]
+    # a value that reads the region's output through an op that keeps bfloat16 is no fresh value
+    assert _numpy_lines("    logits = torch.sigmoid(logits)\n    p = logits.cpu().numpy()\n") == [
+        "p = logits.cpu().numpy()"]
