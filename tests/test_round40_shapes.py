@@ -126,8 +126,9 @@ def test_bfloat16_passes_an_output_computed_again_outside_the_region(tmp_path):
     run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
     text = (tmp_path / "train.py").read_text()
     assert "apex" not in text and "preds.append(logits.detach().cpu().numpy())" in text, text
-    # computed from the region's output (sigmoid keeps bfloat16): still the region's, refused
-    write(tmp_path, {"train.py": EVAL.replace("KEEP", "logits = torch.sigmoid(logits)\n        "
+    # computed from the region's output (relu keeps bfloat16, and an integer tensor's dtype too):
+    # still the region's, refused (sigmoid, always floating, gets a `.float()`: test_round41_shapes)
+    write(tmp_path, {"train.py": EVAL.replace("KEEP", "logits = torch.relu(logits)\n        "
                                                "probs = logits.cpu().numpy()")})
     out = run(tmp_path, "--dtype", "bfloat16")
     assert "`logits.cpu().numpy()` at line 21 hands the forward's output to numpy" in out.output, out.output

@@ -474,6 +474,8 @@ def _floating_before(unit, name: Optional[str], call) -> bool:
     target, an integer tensor for a classification, comes after), and is not assigned between."""
     if name is None:
         return False
+    if _floated_by_its_binding(unit, name, call):
+        return True
     last = None
     for n in walk(unit):
         if not isinstance(n, ast.Call) or n.lineno >= call.lineno:
@@ -490,6 +492,52 @@ def _floating_before(unit, name: Optional[str], call) -> bool:
         return False
     return not any(isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and last < n.lineno <= call.lineno
                    and name in assigned(n) for n in walk(unit))
+
+
+#: functions whose result is a floating tensor whatever they are given (an integer input comes back
+#: in the default float dtype): ``prediction = torch.sigmoid(prediction)``
+FLOATING_RESULTS = frozenset({"sigmoid", "softmax", "log_softmax", "tanh"})
+
+
+def _floated_by_its_binding(unit, name: str, call) -> bool:
+    """The last binding of ``name`` before ``call`` in ``unit`` is ``name = torch.sigmoid(...)`` (a
+    function of :data:`FLOATING_RESULTS`, as ``torch.``/``F.`` function or method), and it lies on
+    every way to the call: whatever reaches the call is floating."""
+    binds = [n for n in walk(unit) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For,
+                                                      ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr))
+             and n.lineno < call.lineno and name in _bound_names(n)]
+    if not binds:
+        return False
+    last = max(binds, key=lambda n: (n.lineno, n.col_offset))
+    if not (isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
+            and isinstance(last.value, ast.Call)
+            and (dotted(last.value.func) or "").split(".")[-1] in FLOATING_RESULTS):
+        return False
+    # a loop around the call (and not around that binding) that binds the name after the call
+    # brings another value round to it
+    inside_last = {id(a) for a in ancestors_stmts(last)}
+    for loop in ancestors_stmts(call if isinstance(call, ast.stmt) else _stmt_of(call)):
+        if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)) and id(loop) not in inside_last and any(
+                b.lineno > call.lineno and name in _bound_names(b) for b in walk(loop)
+                if isinstance(b, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.With,
+                                  ast.AsyncWith, ast.NamedExpr))):
+            return False
+    return _rebound_before([last], name, call)
+
+
+def _stmt_of(node):
+    while node is not None and not isinstance(node, ast.stmt):
+        node = getattr(node, "_p", None)
+    return node
+
+
+def _bound_names(n) -> set:
+    if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        return assigned(n)
+    if isinstance(n, ast.NamedExpr):
+        return {n.target.id}
+    targets = [n.target] if isinstance(n, (ast.For, ast.AsyncFor)) else [i.optional_vars for i in n.items]
+    return {x.id for t in targets if t is not None for x in ast.walk(t) if isinstance(x, ast.Name)}
 
 
 def insert_edit(at: int, text: str):
