@@ -8,6 +8,12 @@
    before ``.numpy()`` (float32 where it was bfloat16, a no-op on float32).  A binding on one
    branch only, a later binding that a loop brings round to the call, or an op that keeps an
    integer dtype (``torch.relu``) keeps it refused.
+2. apex's private state read in the test of an ``if`` whose two branches are the same statements
+   (carbonati's melanoma trainer: ``if self._fp_16 and amp._amp_state.loss_scalers[0]._unskipped
+   != 0: self.scheduler.step() else: self.scheduler.step()``) refused the trainer and the script
+   that builds it ("private loss scale ... not beside amp.initialize").  Whatever the test says
+   the same statements run: the ``if`` gives way to them.  A test that calls something, or
+   branches that differ, keep it refused.
 """
 from test_round17_shapes import run, write
 
@@ -81,3 +87,57 @@ def test_float16_leaves_the_squashed_numpy_as_it_is(tmp_path):
     run(tmp_path, "--write", "-q")
     text = (tmp_path / "train.py").read_text()
     assert "apex" not in text and "preds.append(prediction.cpu().detach().numpy())" in text, text
+
+
+PRIVATE = '''\
+import torch
+from apex import amp
+
+
+class Trainer:
+    def __init__(self, model, optim, scheduler, fp_16=False):
+        self.model, self.optim, self.scheduler, self._fp_16 = model, optim, scheduler, fp_16
+
+    def train_on_batch(self, x, y):
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.optim.zero_grad()
+        if self._fp_16:
+            with amp.scale_loss(loss, self.optim) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        self.optim.step()
+        if self._fp_16 and amp._amp_state.loss_scalers[0]._unskipped != 0:
+            self.scheduler.step()
+        else:
+            self.scheduler.step()
+        return loss.item()
+
+
+def main(model, optim, scheduler, loader, fp_16):
+    if fp_16:
+        model, optim = amp.initialize(model, optim, opt_level="O1")
+    trainer = Trainer(model, optim, scheduler, fp_16=fp_16)
+    for x, y in loader:
+        trainer.train_on_batch(x, y)
+'''
+
+
+def test_a_test_of_private_state_between_identical_branches_gives_way(tmp_path):
+    write(tmp_path, {"train.py": PRIVATE})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "amp._amp_state" not in text and "_unskipped" not in text, text
+    assert "        self.scaler.step(self.optim)\n        self.scaler.update()\n        self.scheduler.step()\n" in text, text
+    compile(text, "train.py", "exec")
+    before = text
+    run(tmp_path, "--write", "-q")
+    assert (tmp_path / "train.py").read_text() == before
+
+
+def test_a_test_of_private_state_that_decides_something_stays_refused(tmp_path):
+    for src in (PRIVATE.replace("        else:\n            self.scheduler.step()\n", "        else:\n            pass\n"),
+                PRIVATE.replace("._unskipped != 0:", "._unskipped != len(y):")):
+        write(tmp_path, {"train.py": src})
+        out = run(tmp_path)
+        assert "apex's private state is used at line 18: migrate it by hand" in out.output, out.output

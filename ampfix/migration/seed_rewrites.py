@@ -1454,7 +1454,8 @@ class SeedRewrites:
 
     def _initial_scale_uses(self, m) -> List[Use]:
         """apex's private state used in module ``m`` (``amp._amp_state.loss_scalers[0]._loss_scale``)."""
-        return [u for u, c in self.g.needs if u.kind == "_amp_state" and u.module is m]
+        return [u for u, c in self.g.needs if u.kind == "_amp_state" and u.module is m
+                and _idle_test(u.node) is None]
 
     def _initial_scale_reads(self, m) -> Set[str]:
         """The names apex's private first loss scale reads (``_loss_scale = args.init_scale``)."""
@@ -1494,9 +1495,42 @@ class SeedRewrites:
         return code(value)
 
     def _private_scale(self, u: Use) -> None:
+        if self._test_of_no_consequence(u):
+            return
         seeds = [s for s in self.g.seeds if s.module is u.module]
         if not seeds:
             raise Refuse(f"apex's private loss scale at line {u.line} is not beside amp.initialize")
+
+    def _test_of_no_consequence(self, u: Use) -> bool:
+        """apex's private state read in an :func:`_idle_test`: the ``if`` gives way to its body."""
+        top = _idle_test(u.node)
+        if top is None:
+            return False
+        fc = self.fc(u.module)
+        if id(top) in fc.touched:
+            return True  # the other private read of the same test
+        fc.unwrap(top, top.body)
+        fc.touched.add(id(top))
+        self.notes.add("an `if` on apex's private state whose two branches did the same: its statements stay, "
+                       "without the test")
+        return True
+
+
+def _idle_test(node) -> Optional[ast.If]:
+    """The ``if`` whose test reads ``node`` and whose two branches are the same statements
+    (carbonati's melanoma trainer: ``if self._fp_16 and amp._amp_state.loss_scalers[0]._unskipped
+    != 0: self.scheduler.step() else: self.scheduler.step()``): whatever the test says, the same
+    statements run.  Only a test that calls nothing (reading it has no effect of its own)."""
+    top, child = getattr(node, "_p", None), node
+    while top is not None and not isinstance(top, ast.stmt):
+        child, top = top, getattr(top, "_p", None)
+    if not (isinstance(top, ast.If) and child is top.test and top.orelse):
+        return None
+    if any(isinstance(x, (ast.Call, ast.Await, ast.NamedExpr, ast.Yield, ast.YieldFrom)) for x in ast.walk(top.test)):
+        return None
+    if [ast.dump(x) for x in top.body] != [ast.dump(x) for x in top.orelse]:
+        return None
+    return top
 
 
 _DYNAMIC_VALUES = (None, 0, "dynamic")
