@@ -139,7 +139,7 @@ class ScalerUnused(Rule):
         autocast = "autocast" in text
         for call, names in made:
             used = [r for name in names for r in reads.get(name, [])]
-            if not used and _inherited_reads(call, names):
+            if not used and (_inherited_reads(call, names) or _stored_on_a_parameter(call, names)):
                 continue
             if not used:
                 self.report(call, "a GradScaler that nothing uses: mixed precision was dropped here (no scaled "
@@ -165,6 +165,21 @@ def _inherited_reads(call, names) -> bool:
         cls = getattr(cls, "_p", None)
     return cls is not None and any(n.startswith("self.") for n in names) and any(
         dotted(b) not in (None, "object") for b in cls.bases)
+
+
+def _stored_on_a_parameter(call, names) -> bool:
+    """``model.scaler = GradScaler(...)`` where ``model`` is a parameter of the function (not its
+    ``self``): the scaler goes on an object the caller made, whose own methods read it, maybe in
+    another module (a setup function, argus's ``initialize_amp(model)``)."""
+    f = getattr(call, "_p", None)
+    while f is not None and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        f = getattr(f, "_p", None)
+    if f is None:
+        return False
+    params = [a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs]
+    if params[:1] == ["self"] or isinstance(getattr(f, "_p", None), ast.ClassDef):
+        params = params[1:]
+    return any("." in n and n.split(".")[0] in params for n in names)
 
 
 def _scales_a_parameter(ref) -> bool:

@@ -14,6 +14,16 @@
    that builds it ("private loss scale ... not beside amp.initialize").  Whatever the test says
    the same statements run: the ``if`` gives way to them.  A test that calls something, or
    branches that differ, keep it refused.
+3. apex kept on an object by a setup function of another module (lRomul's argus solutions:
+   ``def initialize_amp(model, ...): model.nn_module, model.optimizer = amp.initialize(
+   model.nn_module, model.optimizer, ...); model.amp = amp``, called as ``model = BirdModel(params);
+   if USE_AMP: initialize_amp(model)``; the class sets ``self.amp = None`` in ``__init__`` and
+   reads ``if self.amp is not None: with self.amp.scale_loss(...)``) was refused on both sides
+   ("never used with amp.scale_loss" / "no home").  The scaler goes on the object: the setup
+   function makes ``model.scaler``, the class's ``__init__`` a disabled one in place of
+   ``self.amp = None``, and its methods read ``self.scaler``.  Only where every caller hands the
+   setup an object of that one class, made right before on every way to the call, and nothing
+   else in the project reads or sets ``.amp`` (a subclass, a callback).
 """
 from test_round17_shapes import run, write
 
@@ -141,3 +151,111 @@ def test_a_test_of_private_state_that_decides_something_stays_refused(tmp_path):
         write(tmp_path, {"train.py": src})
         out = run(tmp_path)
         assert "apex's private state is used at line 18: migrate it by hand" in out.output, out.output
+
+
+SETUP = {
+    "src/__init__.py": "",
+    "src/utils.py": '''\
+def initialize_amp(model, opt_level="O1", loss_scale="dynamic"):
+    from apex import amp
+    model.nn_module, model.optimizer = amp.initialize(
+        model.nn_module, model.optimizer, opt_level=opt_level, loss_scale=loss_scale)
+    model.amp = amp
+''',
+    "src/models.py": '''\
+import torch
+
+from argus import Model
+
+
+class BirdModel(Model):
+    def __init__(self, params):
+        super().__init__(params)
+        self.amp = None
+        self.iter_size = params.get("iter_size", 1)
+
+    def train_step(self, batch, state):
+        self.train()
+        self.optimizer.zero_grad()
+        for i, (input, target) in enumerate(batch):
+            prediction = self.nn_module(input)
+            loss = self.loss(prediction, target)
+            if self.amp is not None:
+                delay_unscale = i != (self.iter_size - 1)
+                with self.amp.scale_loss(loss, self.optimizer, delay_unscale=delay_unscale) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+        self.optimizer.step()
+        return loss.item()
+''',
+    "train.py": '''\
+from src.models import BirdModel
+from src.utils import initialize_amp
+
+USE_AMP = True
+
+
+def train_fold(params, loader):
+    model = BirdModel(params)
+    if USE_AMP:
+        initialize_amp(model)
+    model.fit(loader, num_epochs=3)
+    model = None
+    return model
+''',
+}
+
+
+def test_a_setup_function_keeps_the_scaler_on_the_object_it_is_handed(tmp_path):
+    write(tmp_path, SETUP)
+    run(tmp_path, "--write", "-q")
+    utils = (tmp_path / "src/utils.py").read_text()
+    models = (tmp_path / "src/models.py").read_text()
+    assert "apex" not in utils + models and ".amp" not in utils.replace("torch.amp", "") + models.replace(
+        "torch.amp", ""), utils + models
+    assert "    model.scaler = torch.amp.GradScaler(" in utils and "amp.initialize" not in utils, utils
+    assert "        self.scaler = torch.amp.GradScaler('cuda', enabled=False)\n" in models.replace('"', "'"), models
+    assert "enabled=self.scaler.is_enabled()" in models, models
+    assert "            self.scaler.scale(loss).backward()\n        self.scaler.step(self.optimizer)\n" \
+        "        self.scaler.update()\n" in models, models
+    # the plain branch folded into the scaled one, and apex's delay_unscale went with it
+    assert "loss.backward()" not in models and "delay_unscale" not in models, models
+    assert (tmp_path / "train.py").read_text() == SETUP["train.py"]
+    for text in (utils, models):
+        compile(text, "m.py", "exec")
+    before = utils + models
+    run(tmp_path, "--write", "-q")
+    assert (tmp_path / "src/utils.py").read_text() + (tmp_path / "src/models.py").read_text() == before
+
+
+def test_a_setup_function_with_bfloat16_sets_the_switch(tmp_path):
+    write(tmp_path, SETUP)
+    run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
+    utils = (tmp_path / "src/utils.py").read_text()
+    models = (tmp_path / "src/models.py").read_text()
+    assert "model.use_amp = opt_level != 'O0'" in utils.replace('"', "'"), utils
+    assert "self.use_amp = False" in models and "enabled=self.use_amp" in models, models
+    assert "apex" not in models and "GradScaler" not in models + utils, models
+
+
+def test_a_setup_function_stays_refused_where_the_object_cannot_be_followed(tmp_path):
+    cases = {
+        # a callback reads `.amp` on the object: it would be gone
+        "callback": {**SETUP, "callbacks.py": "def on_epoch(state):\n    return state.model.amp is not None\n"},
+        # the caller hands it something made elsewhere
+        "made elsewhere": {**SETUP, "train.py": SETUP["train.py"].replace("model = BirdModel(params)",
+                                                                          "model = load_model(params)")},
+        # bound on one branch only
+        "one branch": {**SETUP, "train.py": SETUP["train.py"].replace(
+            "    model = BirdModel(params)\n", "    model = params\n    if params:\n        model = BirdModel(params)\n")},
+        # a subclass reads self.amp itself
+        "subclass": {**SETUP, "src/more.py": "from src.models import BirdModel\n\n\nclass Big(BirdModel):\n"
+                                            "    def log(self):\n        return self.amp is None\n"},
+    }
+    for why, files in cases.items():
+        tmp = tmp_path / why.replace(" ", "_")
+        write(tmp, files)
+        out = run(tmp)
+        assert "src/utils.py: not rewritten" in out.output, (why, out.output)
+        assert "src/models.py: not rewritten" in out.output, (why, out.output)

@@ -865,6 +865,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         #: what shares one scaler, where the setups called in one block do (see _made_already)
         self.shared_by_setups: Optional[str] = None
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
+        self.outside_made: Set[int] = set()  # classes whose __init__ got the disabled scaler of a setup function
         self.installed_folded: Set[int] = set()  # tests of whether apex is installed, folded
         self.made_before: Dict[tuple, dict] = {}  # (path, id of the statement, target) -> the scaler made there
         self.twins: Set[str] = set()  # modules where a model initialized beside the trained one went

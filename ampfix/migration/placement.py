@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set
 
+from ampfix.migration.flow import ancestors_stmts, dominates, stmt_of
 from ampfix.migration.rewriter import insert_edit
 from ampfix.migration.spell import scaler_call
 from ampfix.migration.seeds import Carrier, Seed
@@ -25,6 +26,7 @@ class Solver:
         #: function whose every caller is one of those
         self.unreached: Set[object] = set()
         self.stack: List[object] = []
+        self._outside: Optional[Dict[int, OutsideSetter]] = None
 
     @staticmethod
     def key(module, func):
@@ -59,6 +61,10 @@ class Solver:
         if own:
             # a seed in a method keeps the scaler on self, for the other methods of the class
             expr = "self." + self.name if func is not None and func.is_method else self.name
+            holder = self.outside_setters().get(own[0].idx)
+            if holder is not None and len(own) == 1:
+                # the setup function keeps it on the object it was handed (argus's initialize_amp)
+                expr = f"{holder.param}.{self.name}"
             return Carrier("local", {s.idx for s in own}, expr)
         if func is None:
             return self.nobody(module, func, f"module-level code of {module.path} has no amp.initialize before it")
@@ -78,6 +84,9 @@ class Solver:
             held = self._held(module, func)
             if held is not None:
                 return held
+            outside = self._set_outside(module, func)
+            if outside is not None:
+                return outside
 
         if func.cls is not None and func.is_method and func.node.name != "__init__":
             # whoever builds the object hands it the scaler: its __init__ keeps it on self
@@ -232,6 +241,27 @@ class Solver:
                 return Carrier("held", seeds, f"self.{attr}.{self.name}")
         return None
 
+    def _set_outside(self, module, func) -> Optional[Carrier]:
+        """A method of a class that only ever sets ``self.amp`` to None and reads apex's amp from
+        it, where a setup function of the project puts apex there (:meth:`outside_setters`): the
+        scaler that function keeps on the object is ``self.scaler`` here."""
+        for idx, h in self.outside_setters().items():
+            if h.cls is func.cls:
+                c = Carrier("self", {idx}, "self." + self.name)
+                c.outside = h
+                return c
+        return None
+
+    def outside_setters(self) -> Dict[int, "OutsideSetter"]:
+        """seed index -> :class:`OutsideSetter`, computed once (see :func:`outside_setter`)."""
+        if self._outside is None:
+            self._outside = {}
+            for s in self.seeds:
+                h = outside_setter(self.p, s, self.name)
+                if h is not None:
+                    self._outside[s.idx] = h
+        return self._outside
+
     def related(self, a, b) -> bool:
         """Methods of one class, or of a class and its project base; or, further up, methods one
         of whose classes inherits the other (``self`` is one object in both: nnUNet's
@@ -286,6 +316,12 @@ class CarrierRewrites:
                     self._keep_in_init(init)
             if c.outer is not None:
                 todo.append(c.outer)
+            h = getattr(c, "outside", None)
+            if h is not None and id(h.cls) not in self.outside_made:
+                # `self.amp = None` in the class's __init__: a disabled scaler there instead, for the
+                # objects no setup function is handed (AMP off, as apex's was)
+                self.outside_made.add(id(h.cls))
+                self.fc(h.module).replace_statement(h.nones[0], [self._disabled(f"self.{self.name}")])
             if c.kind != "param":
                 continue
             if id(c) in dropped:
@@ -410,3 +446,138 @@ def add_keyword_param(fc, f, name: str) -> None:
         # one parameter a line: the new ones get lines of their own, at the same indentation
         text = f",\n{pad}{name}" if (a.vararg or a.kwonlyargs) else f",\n{pad}*,\n{pad}{name}"
     fc.edits.append(insert_edit(end, text))
+
+
+class OutsideSetter:
+    """A setup function ``F(model)`` that initializes apex on the object it is handed and keeps
+    apex's amp on it (``model.nn_module, model.optimizer = amp.initialize(model.nn_module,
+    model.optimizer, ...); model.amp = amp``), where every caller hands it an object of one project
+    class made right there (``model = BirdModel(params)``), whose methods read apex from
+    ``self.amp`` (:func:`ampfix.model.apex.set_outside`).  The scaler goes on the object:
+    ``model.scaler`` in ``F``; ``self.scaler`` in the class, whose ``__init__`` makes a disabled
+    one in place of ``self.amp = None``."""
+
+    def __init__(self, seed: Seed, param: str, attr: str, store: ast.stmt, cls, module, init,
+                 nones: List[ast.stmt]) -> None:
+        self.seed = seed
+        self.param = param
+        self.attr = attr
+        self.store = store
+        self.cls = cls
+        self.module = module
+        self.init = init
+        self.nones = nones
+
+
+def outside_setter(project, s: Seed, name: str) -> Optional[OutsideSetter]:
+    """The :class:`OutsideSetter` of seed ``s``, or None where its shape is not that one whole."""
+    from ampfix.model.apex import apex_qname, self_aliases, set_outside
+
+    f = s.func
+    if not s.training or f is None or f.cls is not None or f.outer is not None or \
+            not isinstance(s.stmt, ast.Assign) or s.call is None:
+        return None
+    params = set(f.positional) | set(f.kwonly)
+    # the initialize's models and optimizers, and what it assigns, are attributes of one parameter
+    heads = {(dotted(a) or "").split(".")[0] if isinstance(a, ast.Attribute) else None for a in s.call.args[:2]}
+    t = s.stmt.targets[0]
+    heads |= {(dotted(e) or "").split(".")[0] if isinstance(e, ast.Attribute) else None
+              for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
+    if len(heads) != 1 or next(iter(heads)) not in params:
+        return None
+    param = next(iter(heads))
+    if any(isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load) for n in walk(f.node)):
+        return None
+    stores = [n for n in f.node.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+              and isinstance(n.targets[0], ast.Attribute) and isinstance(n.targets[0].value, ast.Name)
+              and n.targets[0].value.id == param and apex_qname(s.module.sem, n.value) == "apex.amp"]
+    if len(stores) != 1:
+        return None
+    store = stores[0]
+    attr = store.targets[0].attr
+    sites = project.callers(f)
+    if not sites:
+        return None
+    classes = set()
+    found = None
+    for cs in sites:
+        a = cs.argument(param)
+        if not isinstance(a, ast.Name):
+            return None
+        unit = cs.caller.node if cs.caller is not None else cs.module.tree
+        binds = [n for n in walk(unit) if isinstance(n, ast.Name) and n.id == a.id and not isinstance(n.ctx, ast.Load)]
+        before = [b for b in binds if b.lineno < cs.node.lineno]
+        if not before:
+            return None
+        # the last binding before the call, on every way to it, and no loop bringing a later one round
+        b = max(before, key=lambda x: (x.lineno, x.col_offset))
+        st = getattr(b, "_p", None)
+        if not (isinstance(st, ast.Assign) and st.targets == [b] and isinstance(st.value, ast.Call)
+                and dominates(st, cs.node)):
+            return None
+        if any(isinstance(lp, (ast.For, ast.AsyncFor, ast.While)) and not any(lp is x for x in ancestors_stmts(st))
+               and any(x.lineno > cs.node.lineno and any(x is y for y in walk(lp)) for x in binds)
+               for lp in ancestors_stmts(stmt_of(cs.node))):
+            return None
+        init, _ = project.resolve(cs.module, st.value.func)
+        if init is None or init.node.name != "__init__" or init.cls is None:
+            return None
+        classes.add(id(init.cls))
+        found = init
+    if len(classes) != 1 or found is None:
+        return None
+    cls, module = found.cls, found.module
+    methods = [x for x in cls.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef)) and x.args.args]
+    if not any(k[1] == attr for k in self_aliases(module.sem, module.tree) if k[0] in {id(m) for m in methods}):
+        return None
+    nones = [n for m in methods for n in walk(m, into_functions=True) if isinstance(n, ast.Assign)
+             and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) and n.targets[0].attr == attr]
+    if not set_outside(cls, methods, ["None"] * len(nones), attr):
+        return None
+    # nothing else in the project reads or sets `.amp` (a callback's `model.amp`, a subclass's
+    # `self.amp`): it goes with the migration
+    mine = {id(n) for m in methods for n in walk(m, into_functions=True)} | {id(n) for n in walk(store)}
+    project.read_mentioning(attr)
+    if _attribute_elsewhere(project, attr):
+        return None  # a file under the root that this part does not read may use it
+    for other in list(project.modules.values()):
+        if "." + attr not in other.src.text:
+            continue
+        for n in walk(other.tree, into_functions=True):
+            if isinstance(n, ast.Attribute) and n.attr == attr and id(n) not in mine and \
+                    not _own_of_another_class(project, other, n, cls):
+                return None
+    # the disabled scaler takes the place of `self.amp = None` in the class's own __init__
+    if not (len(nones) == 1 and any(n is nones[0] for n in found.node.body)) or \
+            any(isinstance(n, ast.Attribute) and n.attr == name for n in walk(cls, into_functions=True)):
+        return None
+    return OutsideSetter(s, param, attr, store, cls, module, found, nones)
+
+
+def _own_of_another_class(project, module, node: ast.Attribute, cls) -> bool:
+    """``self.amp`` in a method of a class that neither is ``cls`` nor inherits it: that object's
+    own attribute (argus-bengali-ai's stacking model keeps its own ``self.amp``)."""
+    if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+        return False
+    f = module.function_of(node)
+    while f is not None and f.cls is None and f.outer is not None:
+        f = f.outer
+    if f is None or f.cls is None or not f.is_method or f.cls is cls:
+        return False
+    return not any(c is cls for _, c in project.ancestors(module, f.cls))
+
+
+def _attribute_elsewhere(project, attr: str) -> bool:
+    """A Python file under the project's root that is not among its modules (another part of the
+    run, or not given) reads or sets ``<something>.<attr>``."""
+    import re
+
+    pat = re.compile(r"\.\s*" + re.escape(attr) + r"(?![A-Za-z0-9_])")
+    for path in project.mentioned_elsewhere(attr, other_parts=True):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                if pat.search(fh.read()):
+                    return True
+        except OSError:
+            return True
+    return False

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Set
 from ampfix.engine.tidy import pure
 from ampfix.model.analysis import arg, exclusive, is_const, is_log_call, kwargs, method_call, receiver
 from ampfix.model.apex import (
-    fold_installed, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
+    fold_installed, none_test_of, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
 )
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
@@ -239,7 +239,8 @@ class UseRewrites:
         if not self.noscale and held & {dotted(n) for n in walk(gd.test) if isinstance(n, (ast.Name, ast.Attribute))}:
             return None
         # every statement of the twin must be the twin of one in the scaled branch: the backward, a clip
-        body_kinds = [self._kind(x, u.module) for x in scaled if x is not w and not self._apex_import(x, u.module)]
+        body_kinds = [self._kind(x, u.module) for x in scaled if x is not w and not self._apex_import(x, u.module)
+                      and not _read_by_apex_alone(x, u)]
         else_kinds = [self._kind(x, u.module) for x in twin if not (
             isinstance(x, ast.Expr) and method_call(x.value, "backward"))]
         if sorted(body_kinds, key=str) != sorted(else_kinds, key=str) or any(k[0] == "other" for k in else_kinds):
@@ -1580,6 +1581,8 @@ class UseRewrites:
         if isinstance(u.node, ast.Call) and u.func is None and isinstance(p, ast.Assign):
             self._module_import_goes(u, p)
             return
+        if self._outside_test(u, c):
+            return
         if self.bf16:
             if self._alias_goes(u, p):
                 return
@@ -1629,6 +1632,29 @@ class UseRewrites:
         if self._alias_goes(u, p):
             return
         raise Refuse(f"`apex.amp` is used as a value at line {u.line}: migrate it by hand")
+
+    def _outside_test(self, u: Use, c: Carrier) -> bool:
+        """``if self.amp is not None:`` in a class whose ``self.amp`` a setup function set
+        (placement.OutsideSetter): whether the scaler the setup made there is enabled.  An ``if``
+        rewritten whole already (the scaled backward and its plain ``else`` collapsed) is left."""
+        h = getattr(c, "outside", None)
+        if h is None or not isinstance(u.node, ast.Attribute) or u.node.attr != h.attr:
+            return False
+        t = none_test_of(u.node)
+        if t is None:
+            return False
+        fc = self.fc(u.module)
+        top = stmt_of(u.node)
+        if any(id(a) in fc.touched or any(a is r for r in fc.removed) for a in [top, *ancestors_stmts(top, None)]):
+            return True
+        node, negated = t
+        text = f"{'not ' if negated else ''}{c.expr}.is_enabled()" if not self.bf16 else \
+            f"{'not ' if negated else ''}{c.expr}"
+        p = getattr(node, "_p", None)
+        if not (isinstance(p, (ast.If, ast.While, ast.Assert)) and p.test is node):
+            text = f"({text})"
+        fc.replace(node, text)
+        return True
 
     def _installed_test_folds(self, u: Use) -> None:
         """``if amp is not None:`` where ``amp`` is None when apex is not installed (``try: from apex
@@ -1704,6 +1730,23 @@ class UseRewrites:
                         fc.remove(n)
                 return True
         return False
+
+
+def _read_by_apex_alone(st, u: Use) -> bool:
+    """``delay_unscale = i != (iter_size - 1)`` right before ``amp.scale_loss(loss, optimizer,
+    delay_unscale=delay_unscale)``: a name bound from a value that calls nothing and read only
+    inside apex's call, which goes; so does the statement (``_dropped_argument_names``)."""
+    if u.call is None or not (isinstance(st, ast.Assign) and len(st.targets) == 1
+                              and isinstance(st.targets[0], ast.Name)):
+        return False
+    if any(isinstance(x, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)) for x in ast.walk(st.value)):
+        return False
+    name = st.targets[0].id
+    inside = {id(x) for x in ast.walk(u.call)}
+    unit = u.func.node if u.func is not None else u.module.tree
+    reads = [x for x in walk(unit, into_functions=True) if isinstance(x, ast.Name) and x.id == name
+             and isinstance(x.ctx, ast.Load)]
+    return bool(reads) and all(id(x) in inside for x in reads)
 
 
 def _arithmetic(e) -> bool:

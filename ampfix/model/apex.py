@@ -163,10 +163,54 @@ def self_aliases(sem, tree) -> Dict[Tuple[int, str], Tuple[str, str]]:
                             q = "None"
                         given.setdefault(t.attr, []).append(q)
         for attr, qs in given.items():
-            if "apex.amp" in qs and all(q in ("apex.amp", "None") for q in qs):
+            if ("apex.amp" in qs or attr in set_outside(cls, methods, qs, attr)) and \
+                    all(q in ("apex.amp", "None") for q in qs):
                 for f in methods:
                     out[(id(f), attr)] = (f.args.args[0].arg, "apex.amp")
     return out
+
+
+def set_outside(cls, methods, given: List[Optional[str]], attr: str) -> Set[str]:
+    """``{attr}`` where the class only ever sets ``self.<attr>`` to None and reads it only to call
+    amp's API on it (``scale_loss`` among the calls) or to test it for None, and ``amp`` is in its
+    name: apex's amp is put there from outside (argus models: ``self.amp = None`` in ``__init__``,
+    ``model.amp = amp`` in a setup function of another module)."""
+    if "amp" not in attr.lower() or not given or any(q != "None" for q in given):
+        return set()
+    calls = set()
+    for f in methods:
+        me = f.args.args[0].arg
+        for n in walk(f, into_functions=True):
+            if not (isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.value, ast.Name)
+                    and n.value.id == me and isinstance(n.ctx, ast.Load)):
+                continue
+            p = getattr(n, "_p", None)
+            if isinstance(p, ast.Attribute) and p.value is n and p.attr in _AMP_API:
+                calls.add(p.attr)
+            elif not none_test_of(n):
+                return set()
+    return {attr} if "scale_loss" in calls else set()
+
+
+def none_test_of(node) -> Optional[Tuple[ast.AST, bool]]:
+    """(the test, negated) where ``node`` is only tested for being given: ``x``, ``not x``,
+    ``x is None``, ``x is not None`` in an ``if``/``while``/``assert`` test, a boolean operation or
+    a conditional expression; None elsewhere."""
+    test, negated = node, False
+    p = getattr(test, "_p", None)
+    if isinstance(p, ast.Compare) and len(p.ops) == 1 and p.left is test and \
+            isinstance(p.ops[0], (ast.Is, ast.IsNot)) and isinstance(p.comparators[0], ast.Constant) and \
+            p.comparators[0].value is None:
+        test, negated = p, isinstance(p.ops[0], ast.Is)
+        p = getattr(test, "_p", None)
+    if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
+        test, negated = p, not negated
+        p = getattr(test, "_p", None)
+    while isinstance(p, ast.BoolOp):
+        p = getattr(p, "_p", None)
+    if isinstance(p, (ast.If, ast.While, ast.IfExp, ast.Assert)) and any(x is test for x in [p.test, *walk(p.test)]):
+        return test, negated
+    return None
 
 
 def _enclosing_def(node):

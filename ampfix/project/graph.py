@@ -754,6 +754,11 @@ class Project:
                                 self._calls.setdefault(id(f.node), []).append(
                                     CallSite(c, m, m.function_of(c), f, False, p.args[1:]))
 
+    def read_mentioning(self, name: str) -> None:
+        """Read the files given for this run whose text names ``name`` as a word (they become
+        modules): where a use of an attribute the migration removes may be."""
+        self._load_mentioning(name)
+
     def _load_mentioning(self, name: str) -> None:
         """Read the files given for this run (not read yet) whose text names ``name``: callers
         may live there (a script that calls a setup() and never mentions apex)."""
