@@ -1012,15 +1012,17 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
             for name in names:
                 nodes = [n for n in every if isinstance(n, ast.Name) and n.id == name and id(n) not in inside]
                 stores = [n for n in nodes if isinstance(n.ctx, ast.Store)]
-                if len(stores) != len(nodes) or len(stores) != 1:
+                if len(stores) != len(nodes) or not stores:
                     continue
-                st = stmt_of(stores[0])
-                if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is stores[0]
-                        and _computes_nothing_else(st.value)) or id(st) in self.fc(m).touched:
+                # each binding goes; one alone in an `if` takes the `if` with it (carbonati's
+                # `keep_bn_fp32 = config.get(...)` / `if opt_level == 'O1': keep_bn_fp32 = None`)
+                gone = [_goes_with(stmt_of(x), x) for x in stores]
+                if any(g is None or id(g) in self.fc(m).touched for g in gone):
                     continue
                 if func is None and self.p.mentioned_elsewhere(name):
                     continue
-                self.fc(m).remove(st)
+                for g in gone:
+                    self.fc(m).remove(g)
                 # and the commented-out code of the unit that reads it (`# print(keep_batchnorm_fp32)`)
                 first, last = (unit.lineno, unit.end_lineno) if func is not None else (1, m.src.line_count)
                 self.fc(m).drop_commented_code(first, last, name)
@@ -1077,13 +1079,33 @@ _VALUE_CALLS = {"enumerate", "len", "range", "zip", "dict", "list", "set", "tupl
                 "values", "items"}
 
 
+def _goes_with(st, store) -> Optional[ast.stmt]:
+    """What goes with the binding ``store`` of a name only apex's arguments read: its assignment
+    (one target, a value that computes nothing else), or the ``if`` (no ``else``, a test that
+    computes nothing else) whose whole body it is; None where it cannot go."""
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and st.targets[0] is store
+            and _computes_nothing_else(st.value)):
+        return None
+    owner, _, block = block_of(st)
+    if len(block) > 1:
+        return st
+    if isinstance(owner, ast.If) and len(owner.body) == 1 and owner.body[0] is st and not owner.orelse and \
+            _computes_nothing_else(owner.test):
+        return owner
+    return None
+
+
 def _computes_nothing_else(expr) -> bool:
     """A literal, a comprehension or a view of names (``{t: i for i, t in enumerate(d.keys())}``)."""
     for n in ast.walk(expr):
         if isinstance(n, ast.Call):
             f = n.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if name not in _VALUE_CALLS:
+            # `config.get("keep_batchnorm_fp32", True)`: a key's value, read from a mapping
+            keyed = name == "get" and isinstance(f, ast.Attribute) and isinstance(
+                f.value, (ast.Name, ast.Attribute, ast.Subscript)) and 1 <= len(n.args) <= 2 and not n.keywords \
+                and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+            if name not in _VALUE_CALLS and not keyed:
                 return False
         elif isinstance(n, (ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)):
             return False
