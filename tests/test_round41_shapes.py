@@ -24,6 +24,11 @@
    ``self.amp = None``, and its methods read ``self.scaler``.  Only where every caller hands the
    setup an object of that one class, made right before on every way to the call, and nothing
    else in the project reads or sets ``.amp`` (a subclass, a callback).
+4. A name only apex's dropped arguments read, bound twice (carbonati's ``keep_bn_fp32 =
+   config.get('keep_batchnorm_fp32', True)`` and ``if opt_level == 'O1': keep_bn_fp32 = None``,
+   then ``keep_batchnorm_fp32=keep_bn_fp32``), was left unused after the migration: every binding
+   goes, and an ``if`` whose whole body is one of them goes with it.  A binding that computes
+   something else (a call other than a mapping's ``.get`` of a key) keeps the name.
 """
 from test_round17_shapes import run, write
 
@@ -259,3 +264,39 @@ def test_a_setup_function_stays_refused_where_the_object_cannot_be_followed(tmp_
         out = run(tmp)
         assert "src/utils.py: not rewritten" in out.output, (why, out.output)
         assert "src/models.py: not rewritten" in out.output, (why, out.output)
+
+
+OPTIONS = '''\
+import torch
+from apex import amp
+
+
+def main(model, optim, loader, config):
+    if config.get("fp_16"):
+        opt_level = config.get("opt_level", "O2")
+        keep_bn_fp32 = config.get("keep_batchnorm_fp32", True)
+        if opt_level == "O1":
+            keep_bn_fp32 = None
+        model, optim = amp.initialize(model, optim, opt_level=opt_level, keep_batchnorm_fp32=keep_bn_fp32)
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        with amp.scale_loss(loss, optim) as scaled_loss:
+            scaled_loss.backward()
+        optim.step()
+'''
+
+
+def test_a_name_only_apex_read_goes_with_every_binding(tmp_path):
+    write(tmp_path, {"train.py": OPTIONS})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "keep_bn_fp32" not in text and 'if opt_level == "O1"' not in text, text
+    assert 'opt_level = config.get("opt_level", "O2")' in text, text
+    compile(text, "train.py", "exec")
+
+
+def test_a_binding_that_computes_something_keeps_the_name(tmp_path):
+    write(tmp_path, {"train.py": OPTIONS.replace('keep_bn_fp32 = None', 'keep_bn_fp32 = decide(opt_level)')})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "keep_bn_fp32 = decide(opt_level)" in text, text
