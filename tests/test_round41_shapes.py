@@ -29,6 +29,12 @@
    then ``keep_batchnorm_fp32=keep_bn_fp32``), was left unused after the migration: every binding
    goes, and an ``if`` whose whole body is one of them goes with it.  A binding that computes
    something else (a call other than a mapping's ``.get`` of a key) keeps the name.
+5. A scaled branch that binds apex's ``delay_unscale`` first (fast-bert's learners, argus:
+   ``if self.is_fp16: # ... apex/advanced.html#gradient-accumulation ...; delay_unscale = ...;
+   with amp.scale_loss(..., delay_unscale=delay_unscale) ...: ... else: loss.backward()``) kept
+   the ``if`` around ``scaler.scale(loss).backward()``: the binding only apex's call read is no
+   reason against folding the plain branch in.  The comment above it that speaks of apex goes
+   with it, and the block's blank line after them too (no doubled blank line).
 """
 from test_round17_shapes import run, write
 
@@ -300,3 +306,42 @@ def test_a_binding_that_computes_something_keeps_the_name(tmp_path):
     run(tmp_path, "--write", "-q")
     text = (tmp_path / "train.py").read_text()
     assert "apex" not in text and "keep_bn_fp32 = decide(opt_level)" in text, text
+
+
+DELAY = '''\
+import torch
+from apex import amp
+
+
+class Learner:
+    def __init__(self, model, optimizer, is_fp16, steps):
+        self.model, self.optimizer, self.is_fp16, self.steps = model, optimizer, is_fp16, steps
+        if is_fp16:
+            self.model, self.optimizer = amp.initialize(model, optimizer, opt_level="O1")
+
+    def step(self, batches):
+        for i, (x, y) in enumerate(batches):
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            loss /= self.steps
+
+            if self.is_fp16:
+                # see https://nvidia.github.io/apex/advanced.html#gradient-accumulation-across-iterations
+                delay_unscale = ((i + 1) % self.steps) != 0
+
+                with amp.scale_loss(loss, self.optimizer, delay_unscale=delay_unscale) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+
+        self.optimizer.step()
+'''
+
+
+def test_a_scaled_branch_that_binds_delay_unscale_folds(tmp_path):
+    write(tmp_path, {"learner.py": DELAY})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "learner.py").read_text()
+    assert "apex" not in text and "delay_unscale" not in text and "loss.backward()" not in text, text
+    assert "            loss /= self.steps\n\n            self.scaler.scale(loss).backward()\n" in text, text
+    assert "\n\n\n" not in text.split("class Learner")[1], text
+    compile(text, "learner.py", "exec")

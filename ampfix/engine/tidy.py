@@ -231,11 +231,21 @@ class Remover:
                     run_end = removed[j].end_lineno
                 # (under `def ...:`, `try:`, `if ...:`: a block does not start with a blank line)
                 heads = (run_end is not None and block[0] is s and owner is not None
-                         and not isinstance(owner, ast.Module) and removed[j] is not block[-1] and above is None)
+                         and not isinstance(owner, ast.Module) and removed[j] is not block[-1]
+                         and (above is None or self._right_under_header(above)))
                 edits.append(self.b.remove_statement(s, above, run_end, heads))
                 if heads:
                     covered = run_end  # that edit removes the whole run and the blank lines after it
         return _merged_deletions(edits, self.src.text)
+
+    def _right_under_header(self, line: int) -> bool:
+        """The comment that starts at ``line`` opens its block (the line above is the header,
+        ``if self.is_fp16:``): removed with the statement under it, the block's blank lines after
+        them go too, as where no comment was."""
+        if line <= 1:
+            return False
+        above = self.src.line_text(line - 1).strip()
+        return bool(above) and not above.startswith("#") and above.endswith(":")
 
     def _apex_comment_above(self, s, under_code: bool = False) -> Optional[int]:
         """The first of the comment lines right above a removed apex import when they speak of

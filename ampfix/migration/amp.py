@@ -1022,7 +1022,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 if func is None and self.p.mentioned_elsewhere(name):
                     continue
                 for g in gone:
-                    self.fc(m).remove(g)
+                    self.fc(m).remove(g, described=True)  # and a comment above it that speaks of apex
                 # and the commented-out code of the unit that reads it (`# print(keep_batchnorm_fp32)`)
                 first, last = (unit.lineno, unit.end_lineno) if func is not None else (1, m.src.line_count)
                 self.fc(m).drop_commented_code(first, last, name)
