@@ -345,3 +345,17 @@ def test_a_scaled_branch_that_binds_delay_unscale_folds(tmp_path):
     assert "            loss /= self.steps\n\n            self.scaler.scale(loss).backward()\n" in text, text
     assert "\n\n\n" not in text.split("class Learner")[1], text
     compile(text, "learner.py", "exec")
+
+
+def test_with_bfloat16_the_loss_scale_only_apex_read_goes_too(tmp_path):
+    src = OPTIONS.replace('        model, optim = amp.initialize(model, optim, opt_level=opt_level, ',
+                          '        loss_scale = config.get("loss_scale", "dynamic")\n'
+                          '        model, optim = amp.initialize(model, optim, opt_level=opt_level, loss_scale=loss_scale, ')
+    write(tmp_path, {"train.py": src})
+    run(tmp_path, "--write", "-q", "--dtype", "bfloat16")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "loss_scale" not in text and "keep_bn_fp32" not in text, text
+    write(tmp_path, {"train.py": src})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert 'loss_scale = config.get("loss_scale", "dynamic")' in text and "init_scale=" in text, text

@@ -995,6 +995,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         calls += [(u.module, u.func, u.call, getattr(getattr(u.call, "_p", None), "_p", None))
                   for u, _ in self.g.needs if u.kind == "scale_loss" and u.call is not None]
         kept = {"models", "optimizers", "loss", "opt_level", "loss_scale", "enabled"}
+        if self.bf16:
+            kept.discard("loss_scale")  # no scaler takes it
         dropped = {}
         for m, func, call, stmt in calls:
             if stmt is None or id(stmt) not in self.fc(m).touched:
