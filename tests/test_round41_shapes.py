@@ -35,6 +35,15 @@
    the ``if`` around ``scaler.scale(loss).backward()``: the binding only apex's call read is no
    reason against folding the plain branch in.  The comment above it that speaks of apex goes
    with it, and the block's blank line after them too (no doubled blank line).
+6. An initialize left over beside a training that scales natively (aitoolbox's BERT example:
+   ``model, optimizer = amp.initialize(model, optimizer, opt_level="O1")``, then
+   ``TrainLoop(model, ..., optimizer, ..., use_amp=True)`` whose loop runs
+   ``self.amp_scaler.scale(loss).backward()``; scene_graph_benchmark's ``train_net.py`` and its
+   ``do_train``) was refused as "never used with amp.scale_loss".  Where the call that hands the
+   optimizer on switches that AMP on wherever apex was on (``use_amp=True``, or the initialize's
+   own guard), the initialize goes, with what only its options read; where the training's switch
+   is its own (``cfg.SOLVER.USE_AMP``), taking apex's O1 away could train in float32 where it ran
+   float16: refused, saying so.  O2/O3 (the model cast) keep it refused.
 """
 from test_round17_shapes import run, write
 
@@ -359,3 +368,76 @@ def test_with_bfloat16_the_loss_scale_only_apex_read_goes_too(tmp_path):
     run(tmp_path, "--write", "-q")
     text = (tmp_path / "train.py").read_text()
     assert 'loss_scale = config.get("loss_scale", "dynamic")' in text and "init_scale=" in text, text
+
+
+LEFTOVER = {
+    "trainer.py": '''\
+import torch
+
+
+def do_train(model, optimizer, loader, use_amp=False):
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    for x, y in loader:
+        with torch.autocast("cuda", enabled=use_amp):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+''',
+    "train.py": '''\
+import torch
+from apex import amp
+
+from trainer import do_train
+
+
+def main(model, loader, args):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    # mixed precision
+    level = "O1" if args.fp16 else "O0"
+    model, optimizer = amp.initialize(model, optimizer, opt_level=level)
+    do_train(model, optimizer, loader, use_amp=True)
+''',
+}
+
+
+def test_an_initialize_left_over_beside_native_scaling_goes(tmp_path):
+    write(tmp_path, LEFTOVER)
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "amp.initialize" not in text and "level" not in text, text
+    assert "# mixed precision" not in text and "do_train(model, optimizer, loader, use_amp=True)" in text, text
+    assert (tmp_path / "trainer.py").read_text() == LEFTOVER["trainer.py"]
+    compile(text, "train.py", "exec")
+
+
+def test_an_initialize_left_over_under_its_guard_goes_where_the_call_follows_it(tmp_path):
+    src = LEFTOVER["train.py"].replace(
+        '    level = "O1" if args.fp16 else "O0"\n    model, optimizer = amp.initialize(model, optimizer, opt_level=level)\n',
+        '    if args.fp16:\n        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n').replace(
+        "use_amp=True", "use_amp=args.fp16")
+    write(tmp_path, {**LEFTOVER, "train.py": src})
+    run(tmp_path, "--write", "-q")
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "if args.fp16" not in text and "use_amp=args.fp16" in text, text
+
+
+def test_a_left_over_initialize_stays_where_it_may_still_matter(tmp_path):
+    cases = {
+        # the training's AMP has a switch of its own
+        "own switch": (LEFTOVER["train.py"].replace("use_amp=True", "use_amp=args.amp"), "looks left over"),
+        # O2 casts the model: the native scaler never ran beside it
+        "o2": (LEFTOVER["train.py"].replace('"O1" if', '"O2" if'), "never used with amp.scale_loss"),
+    }
+    for why, (src, said) in cases.items():
+        tmp = tmp_path / why.replace(" ", "_")
+        write(tmp, {**LEFTOVER, "train.py": src})
+        out = run(tmp)
+        assert "train.py: not rewritten" in out.output and said in out.output, (why, out.output)
+    # a training that does not scale natively: as before
+    tmp = tmp_path / "plain"
+    write(tmp, {**LEFTOVER, "trainer.py": LEFTOVER["trainer.py"].replace("scaler.scale(loss).backward()",
+                                                                          "loss.backward()")})
+    out = run(tmp)
+    assert "never used with amp.scale_loss" in out.output, out.output

@@ -866,6 +866,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.shared_by_setups: Optional[str] = None
         self.alias_nones: Set[int] = set()  # `self.amp = None` statements of an apex alias, removed
         self.outside_made: Set[int] = set()  # classes whose __init__ got the disabled scaler of a setup function
+        #: seed index -> where the training scales natively: initializes left over from apex, which go
+        self.leftover: Dict[int, str] = {}
         self.installed_folded: Set[int] = set()  # tests of whether apex is installed, folded
         self.made_before: Dict[tuple, dict] = {}  # (path, id of the statement, target) -> the scaler made there
         self.twins: Set[str] = set()  # modules where a model initialized beside the trained one went
@@ -882,9 +884,12 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         g = self.g
         self.no_carrier = self.carriers_not_read() if self.bf16 else set()
         training = [s for s in g.seeds if s.training]
+        leftover = self.leftover = self._leftovers()
         for s in g.seeds:
             if isinstance(s, SwitchSeed):
                 self._switch_seed(s)
+            elif s.idx in leftover:
+                self._leftover(s, leftover[s.idx])
             elif getattr(s, "dropped", None):
                 self._dropped(s)
             elif getattr(s, "exported", False):
@@ -902,7 +907,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
             if getattr(s, "spread", ()) and id(s.stmt) in self.fc(s.module).touched:
                 for x in s.spread:
                     self.fc(s.module).remove(x)
-        training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)]
+        training = [s for s in training if not getattr(s, "exported", False) and not getattr(s, "dropped", None)
+                    and s.idx not in leftover]
         scaled_by = set()
         for u, c in g.needs:
             if u.kind == "scale_loss" and c is not None:
@@ -925,6 +931,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                          "ampfix the files that train")
         if self.pure:
             g.description = "apex.amp -> model.half() (O3 is pure float16: no autocast, no master weights, no loss scaling)"
+        elif leftover and len(leftover) == len(g.seeds):
+            g.description = "apex.amp: the initialize goes (the training it feeds runs native AMP already)"
         elif not g.seeds and any(u.kind == "scale_loss" for u, _ in g.needs):
             # a library function whose caller initialized apex: the scaler comes in as a parameter
             g.description = "apex.amp -> " + description(self.s)
@@ -986,6 +994,65 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 fc.adds.append(ImportSpec("torch"))
                 fc.removes.extend(apex_import_specs(m))
 
+    def _leftovers(self) -> Dict[int, str]:
+        """seed index -> where its training scales natively, for a group whose only apex is
+        initializes no ``amp.scale_loss`` ever follows, each of whose optimizer goes to project
+        code that already scales the loss with a GradScaler of its own (scene_graph_benchmark's
+        ``do_train``, aitoolbox's ``TrainLoop(..., use_amp=True)``): apex's initialize was left
+        over from before, and goes.  Only at opt levels O0/O1 (O2 and O3 cast the model, which
+        the native scaler never saw working)."""
+        g = self.g
+        if not g.seeds or any(isinstance(s, SwitchSeed) or not s.training or getattr(s, "dropped", None)
+                              or getattr(s, "exported", False) or s.use.kind != "initialize" for s in g.seeds):
+            return {}
+        if any(u.kind not in ("check", "installed") for u, _ in g.needs):
+            return {}
+        out = {}
+        for s in g.seeds:
+            found = self._scaled_natively(s)
+            if found is None or not _low_levels(s):
+                return {}
+            where, call = found
+            if not _switch_follows(s, call):
+                # its AMP may be off where apex's O1 ran the forward in float16 (unscaled): taking
+                # the initialize away would train in float32 there, slower and with more memory
+                raise Refuse(f"amp.initialize at line {s.use.line} looks left over (the training it feeds scales "
+                             f"the loss with a GradScaler of its own, {where}), but that AMP has a switch of its own "
+                             f"that the call at line {call.lineno} does not set where apex was on: remove the "
+                             "initialize by hand once that switch is on")
+            out[s.idx] = where
+        return out
+
+    def _scaled_natively(self, s: Seed) -> Optional[Tuple[str, ast.Call]]:
+        """(``path line N``, the call) of a native scaled backward (``scaler.scale(loss).backward()`` with
+        ``scaler = GradScaler(...)`` in its module) in the project code the seed's optimizer is
+        handed to after the initialize: the function called, or the class built (its bases too)."""
+        names = s.target_names
+        opt = names[1] if len(names) > 1 else dotted(s.optimizers) if s.optimizers is not None else None
+        if not opt:
+            return None
+        for call in walk(s.unit):
+            if not (isinstance(call, ast.Call) and call.lineno > s.stmt.end_lineno):
+                continue
+            if not any(dotted(a) == opt for a in [*call.args, *(k.value for k in call.keywords)]):
+                continue
+            f, _ = self.p.resolve(s.module, call.func)
+            if f is None:
+                continue
+            mods = [f.module]
+            if f.cls is not None:
+                mods += [m for m, _ in self.p.ancestors(f.module, f.cls)]
+            for m in mods:
+                hit = native_scaled_backward(m.tree)
+                if hit is not None:
+                    return f"{m.path} line {hit}", call
+        return None
+
+    def _leftover(self, s: Seed, where: str) -> None:
+        self._initialize_goes(s)
+        self.notes.add(f"apex's initialize was left over: the training it hands the optimizer to scales the loss "
+                       f"with a GradScaler of its own ({where})")
+
     def _dropped_argument_names(self) -> None:
         """``task2scaler = {t: i for i, t in enumerate(tasks)}`` read only by the arguments that
         go with apex (``num_losses=len(task2scaler)``, ``loss_id=task2scaler[name]``): the
@@ -997,12 +1064,15 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         kept = {"models", "optimizers", "loss", "opt_level", "loss_scale", "enabled"}
         if self.bf16:
             kept.discard("loss_scale")  # no scaler takes it
+        leftover = {id(s.call) for s in self.g.seeds if s.idx in self.leftover}
         dropped = {}
         for m, func, call, stmt in calls:
             if stmt is None or id(stmt) not in self.fc(m).touched:
                 continue
             for k in call.keywords:
-                if k.arg is not None and k.arg not in kept:
+                # a left-over initialize goes whole: its opt level and loss scale with it
+                if k.arg is not None and (k.arg not in kept or (id(call) in leftover and k.arg not in (
+                        "models", "optimizers"))):
                     dropped.setdefault((id(m), id(func)), (m, func, []))[2].append(k.value)
         for m, func, values in dropped.values():
             unit = func.node if func is not None else m.tree
@@ -1010,8 +1080,13 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
             every = list(walk(unit, into_functions=True))
             if any(isinstance(n, (ast.Global, ast.Nonlocal)) for n in every):
                 continue
-            names = sorted({n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)})
-            for name in names:
+            todo = sorted({n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)})
+            seen = set()
+            while todo:
+                name = todo.pop(0)
+                if name in seen:
+                    continue
+                seen.add(name)
                 nodes = [n for n in every if isinstance(n, ast.Name) and n.id == name and id(n) not in inside]
                 stores = [n for n in nodes if isinstance(n.ctx, ast.Store)]
                 if len(stores) != len(nodes) or not stores:
@@ -1025,10 +1100,16 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                     continue
                 for g in gone:
                     self.fc(m).remove(g, described=True)  # and a comment above it that speaks of apex
+                    self.fc(m).touched.add(id(g))
                 # and the commented-out code of the unit that reads it (`# print(keep_batchnorm_fp32)`)
                 first, last = (unit.lineno, unit.end_lineno) if func is not None else (1, m.src.line_count)
                 self.fc(m).drop_commented_code(first, last, name)
                 self.notes.add(f"`{name}`, which only apex's arguments read, goes too")
+                # what only the bindings that went read goes next (`use_mixed_precision` behind
+                # `amp_opt_level = 'O1' if use_mixed_precision else 'O0'`)
+                inside |= {id(n) for g in gone for n in ast.walk(g)}
+                todo += sorted({n.id for g in gone for n in ast.walk(g) if isinstance(n, ast.Name)
+                                and isinstance(n.ctx, ast.Load)} - seen)
 
     def _scale_loss_outside(self) -> Optional[str]:
         """Where an ``amp.scale_loss`` of the given files lies that this group does not hold
@@ -1079,6 +1160,63 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
 #: calls that compute a value and nothing else
 _VALUE_CALLS = {"enumerate", "len", "range", "zip", "dict", "list", "set", "tuple", "sorted", "reversed", "keys",
                 "values", "items"}
+
+
+def native_scaled_backward(tree) -> Optional[int]:
+    """The line of ``X.scale(loss).backward()`` in ``tree`` where ``X`` is bound to a
+    ``GradScaler(...)`` there (``self.scaler = torch.cuda.amp.GradScaler(...)``), or None."""
+    scalers = set()
+    for n in walk(tree, into_functions=True):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and \
+                (dotted(n.value.func) or "").split(".")[-1] == "GradScaler":
+            scalers |= {dotted(t) for t in n.targets if dotted(t)}
+    for n in walk(tree, into_functions=True):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward" and \
+                isinstance(n.func.value, ast.Call) and isinstance(n.func.value.func, ast.Attribute) and \
+                n.func.value.func.attr == "scale" and dotted(n.func.value.func.value) in scalers:
+            return n.lineno
+    return None
+
+
+def _switch_follows(s: Seed, call: ast.Call) -> bool:
+    """The call that hands the optimizer on switches its AMP on wherever apex's initialize ran:
+    a keyword named for AMP (``use_amp``, ``fp16``, ``mixed_precision``) given ``True``, or the
+    test of the ``if`` that guards the initialize (``use_amp=args.fp16`` under ``if args.fp16:``)."""
+    tests = {dotted(a.test) for a in ancestors_stmts(s.stmt, s.unit) if isinstance(a, ast.If)} - {None}
+    unguarded = not any(isinstance(a, ast.If) for a in ancestors_stmts(s.stmt, s.unit))
+    for k in call.keywords:
+        if k.arg is None or not any(w in k.arg.lower() for w in ("amp", "fp16", "mixed", "half")):
+            continue
+        if (isinstance(k.value, ast.Constant) and k.value.value is True and unguarded) or dotted(k.value) in tests:
+            return True
+    return False
+
+
+def _low_levels(s: Seed) -> bool:
+    """The seed's opt_level is O0 or O1 on every way: absent (apex's default, O1), a literal, or a
+    name its function binds only to such literals (``'O1' if use_mixed_precision else 'O0'``)."""
+    lv = next((k.value for k in s.call.keywords if k.arg == "opt_level"), None)
+    if lv is None and len(s.call.args) > 2:
+        return False
+    if lv is None:
+        return True
+
+    def low(e) -> bool:
+        if isinstance(e, ast.Constant):
+            return e.value in ("O0", "O1")
+        if isinstance(e, ast.IfExp):
+            return low(e.body) and low(e.orelse)
+        return False
+
+    if low(lv):
+        return True
+    if not isinstance(lv, ast.Name):
+        return False
+    binds = [n for n in walk(s.unit) if isinstance(n, ast.Name) and n.id == lv.id and not isinstance(n.ctx, ast.Load)]
+    values = [getattr(b, "_p", None) for b in binds]
+    return bool(values) and all(isinstance(v, ast.Assign) and v.targets == [b] and low(v.value)
+                                for b, v in zip(binds, values)) and not (
+        s.func is not None and (lv.id in s.func.positional or lv.id in s.func.kwonly))
 
 
 def _goes_with(st, store) -> Optional[ast.stmt]:
