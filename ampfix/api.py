@@ -81,18 +81,17 @@ def migrate(paths: Iterable[str], *, write: bool = False, unsafe: bool = False,
     what is left for a person (JSON diagnostics) and any error."""
     from ampfix.cli import run_paths
     from ampfix.output.report import unified_diff
-    from ampfix.io.writer import WriteError, write_atomic
+    from ampfix.io.writer import write_all
 
     _, results = run_paths(_kw(paths, select, None, config), fix="unsafe" if unsafe else "safe")
     files = []
     for r in results:
-        entry = {"path": r.path, "changed": r.changed, "diff": unified_diff(r), "applied": list(r.applied),
-                 "left": _as_dict([r], r.diagnostics)["diagnostics"], "error": r.error}
-        if write and r.changed and not r.error:
-            try:
-                write_atomic(r.path, r.fixed_bytes, expected=r.digest, python=r.path.endswith((".py", ".pyi")))
-            except WriteError as exc:
-                entry["error"] = str(exc)
+        files.append({"path": r.path, "changed": r.changed, "diff": unified_diff(r), "applied": list(r.applied),
+                      "left": _as_dict([r], r.diagnostics)["diagnostics"], "error": r.error})
+    if write:
+        failed = {r.path for r in write_all([r for r in results if r.changed and not r.error])}
+        for entry, r in zip(files, results):
+            if r.path in failed:
+                entry["error"] = r.error
                 entry["changed"] = False
-        files.append(entry)
     return {"files": files}

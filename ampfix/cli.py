@@ -417,7 +417,7 @@ def migrate(**kw):
 
 def _migrate(kw) -> int:
     from ampfix.output.report import migrate_report, unified_diff
-    from ampfix.io.writer import WriteError, write_atomic
+    from ampfix.io.writer import write_all
 
     cfg, results = run_paths(kw, fix="unsafe" if kw["unsafe_fixes"] else "config")
     out = sys.stdout
@@ -436,13 +436,7 @@ def _migrate(kw) -> int:
     changed = [r for r in results if r.changed]
     failed = []
     if kw["write"]:
-        for r in changed:
-            try:
-                write_atomic(r.path, r.fixed_bytes, expected=r.digest, python=r.path.endswith((".py", ".pyi")))
-            except WriteError as exc:
-                failed.append(r)
-                r.error = str(exc)
-                r.fixed = r.original  # not rewritten
+        failed = write_all(changed)
         changed = [r for r in changed if r not in failed]
     else:
         for r in changed:

@@ -148,3 +148,89 @@ def test_unreadable_folder_is_reported(tmp_path):
         assert "cannot read the folder" in out.output
     finally:
         os.chmod(d, 0o755)
+
+
+# a migration planned across two modules: the library function takes the scaler, the script passes it
+LIB = '''import torch
+from apex import amp
+
+
+def train_step(model, optimizer, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+'''
+SCRIPT = '''import torch
+from apex import amp
+
+from lib import train_step
+
+
+def main(model, loader):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for x, y in loader:
+        train_step(model, optimizer, x, y)
+'''
+
+
+def _two_module_plan(tmp_path):
+    (tmp_path / "lib.py").write_text(LIB)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "other.py").write_text(FIXABLE)  # a fix of its own, in no plan
+
+
+def test_a_migration_across_modules_is_written_whole_or_not_at_all(tmp_path):
+    _two_module_plan(tmp_path)
+    os.chmod(tmp_path / "lib.py", 0o444)
+    out = run("migrate", "--write", str(tmp_path))
+    # lib.py cannot take the scaler parameter: train.py must not pass it (a TypeError), nor lose apex alone
+    assert (tmp_path / "lib.py").read_text() == LIB and (tmp_path / "train.py").read_text() == SCRIPT, out.output
+    assert "read-only" in out.output and "which could not be written" in out.output, out.output
+    assert (tmp_path / "other.py").read_text() == FIXED  # what shares nothing with it is written
+    assert out.exit_code == 2
+    # writable again: both go in, together
+    os.chmod(tmp_path / "lib.py", 0o644)
+    out = run("migrate", "--write", str(tmp_path))
+    lib, script = (tmp_path / "lib.py").read_text(), (tmp_path / "train.py").read_text()
+    assert "apex" not in lib + script and "scaler" in lib and "scaler=scaler" in script, lib + script
+
+
+def test_a_file_changed_meanwhile_keeps_back_its_migration_partner(tmp_path, monkeypatch):
+    _two_module_plan(tmp_path)
+    real = ampfix.engine.run.check_paths
+
+    def edited_meanwhile(*a, **k):
+        results = real(*a, **k)
+        (tmp_path / "train.py").write_text(SCRIPT + "# saved meanwhile\n")
+        return results
+
+    monkeypatch.setattr(ampfix.engine.run, "check_paths", edited_meanwhile)
+    out = run("migrate", "--write", str(tmp_path))
+    assert (tmp_path / "lib.py").read_text() == LIB, out.output
+    assert "changed since ampfix read it" in out.output and "which could not be written" in out.output
+
+
+def test_writes_hold_ctrl_c_back_to_the_end(tmp_path, monkeypatch):
+    """A Ctrl-C while the files are written lands after the last one: never half a migration."""
+    import signal
+
+    import ampfix.io.writer as writer
+
+    _two_module_plan(tmp_path)
+    real = writer.write_atomic
+    calls = []
+
+    def interrupted_write(path, *a, **k):
+        calls.append(path)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the first file
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(writer, "write_atomic", interrupted_write)
+    out = run("migrate", "--write", str(tmp_path))
+    assert out.exit_code == 130, out.output
+    assert len(calls) == 3  # every file was written before the interrupt was taken
+    assert "apex" not in (tmp_path / "lib.py").read_text() + (tmp_path / "train.py").read_text()

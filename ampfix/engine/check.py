@@ -222,6 +222,7 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         if new_text is None or new_text == src.text:
             break
         result.applied.extend(f.description for f in chosen if all(f is not g for g, _ in failed))
+        result.groups.update(f.group for f in chosen if f.group is not None and all(f is not g for g, _ in failed))
         src = Source(src.encode(new_text), path, text=new_text, encoding=src.encoding)
         src.parse()
         sup = Suppressions(src)

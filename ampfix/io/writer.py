@@ -29,6 +29,17 @@ def digest(data: bytes) -> str:
 def write_atomic(path: str, data: bytes, expected: Optional[str] = None, python: bool = True) -> None:
     """Write ``data`` to ``path``.  ``expected``: the digest of the bytes that were read (the
     write is refused if the file changed since).  Raises WriteError with the reason."""
+    target, st = check_writable(path, data, expected, python)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_nlink > 1:
+        _in_place(target, data)  # keep the inode that the other names share
+        return
+    _replace(target, data, st, mode)
+
+
+def check_writable(path: str, data: bytes, expected: Optional[str] = None, python: bool = True):
+    """(the real path, its stat) when :func:`write_atomic` may write ``data`` there now; else
+    WriteError with the reason (nothing is written)."""
     if python:
         try:
             compile(data, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
@@ -51,10 +62,10 @@ def write_atomic(path: str, data: bytes, expected: Optional[str] = None, python:
             raise WriteError(f"cannot read it back: {exc.strerror or exc}") from None
         if digest(now) != expected:
             raise WriteError("changed since ampfix read it; not written (run ampfix again)")
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_nlink > 1:
-        _in_place(target, data)  # keep the inode that the other names share
-        return
+    return target, st
+
+
+def _replace(target: str, data: bytes, st, mode: int) -> None:
     folder = os.path.dirname(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".ampfix-", suffix=".tmp", dir=folder)
@@ -96,3 +107,48 @@ def _in_place(target: str, data: bytes) -> None:
             os.fsync(fh.fileno())
     except OSError as exc:
         raise WriteError(f"cannot write: {exc.strerror or exc}") from None
+
+
+def write_all(results, python_suffixes=(".py", ".pyi")) -> list:
+    """Write every changed result (``FileResult``), all or nothing per migration plan: each file is
+    checked first (it parses, still holds the bytes read, may be written); a file that cannot be
+    written keeps back every file that shares a migration group with it (a scaler parameter added
+    in one module and passed in another: half of it would break the code), and what is written is
+    written with Ctrl-C and SIGTERM held back to the end.  Returns the results not written, each
+    with ``error`` saying why; the others are written."""
+    from ampfix.engine.interrupts import shielded
+
+    changed = [r for r in results if r.changed]
+    why = {}
+    for r in changed:
+        try:
+            check_writable(r.path, r.fixed_bytes, r.digest, r.path.endswith(python_suffixes))
+        except WriteError as exc:
+            why[r.path] = str(exc)
+    held = True
+    while held:  # a file kept back keeps back the files of its groups, and theirs
+        held = False
+        kept = {g: r.path for r in changed if r.path in why for g in getattr(r, "groups", ())}
+        for r in changed:
+            if r.path in why:
+                continue
+            shared = sorted(g for g in getattr(r, "groups", ()) if g in kept)
+            if shared:
+                why[r.path] = (f"not written: its migration also changes {kept[shared[0]]}, which could not be "
+                               "written; nothing of that migration was written (run ampfix again)")
+                held = True
+    with shielded():
+        for r in changed:
+            if r.path in why:
+                continue
+            try:
+                write_atomic(r.path, r.fixed_bytes, expected=r.digest, python=r.path.endswith(python_suffixes))
+            except WriteError as exc:  # it changed between the check and now
+                why[r.path] = str(exc)
+    failed = []
+    for r in changed:
+        if r.path in why:
+            r.error = why[r.path]
+            r.fixed = r.original  # not rewritten
+            failed.append(r)
+    return failed

@@ -49,6 +49,8 @@ class FileResult:
     failed_groups: Set[str] = field(default_factory=set)
     #: sha256 of the bytes read (a write replaces the file only if it still holds them)
     digest: Optional[str] = None
+    #: migration groups whose fixes went into the fixed text (a plan across files: written together)
+    groups: Set[str] = field(default_factory=set)
 
     @property
     def changed(self) -> bool:
