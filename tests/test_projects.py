@@ -256,7 +256,9 @@ def test_a_part_that_imports_another_part_is_joined_with_it(tmp_path, monkeypatc
     from ampfix.registry import rules_by_code
 
     ampfix.project.planning.plan_projects(jobs, Settings(), planners_of(rules_by_code().values()))
-    assert 2 in sizes  # the launcher and the trainer, planned together after the first try
+    # the launcher planned again with the trainer (and what else it reads: the leftover-initialize
+    # probe follows the optimizer into engine/checkpoint.py too), after the first try
+    assert any(n >= 2 for n in sizes[1:]), sizes
 
 
 def _written(root, files):
