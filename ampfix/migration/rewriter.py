@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Tuple
 from ampfix.model.analysis import arg, arg_node, autocast_call, autocast_dtype, autocast_enabled_literal, is_const
 from ampfix.migration.groups import FileChanges, Group, Refuse
 from ampfix.migration.spell import bf16
-from ampfix.migration.flow import ancestors_stmts, assigned, guards, loss_call, read, same_dtype_root
+from ampfix.migration.flow import ancestors_stmts, assigned, guards, loss_call, read, same_dtype_root, stmt_of
 from ampfix.model.semantic import block_of, dotted, param_defaults, walk
 from ampfix.rule import ImportSpec
 
@@ -516,19 +516,13 @@ def _floated_by_its_binding(unit, name: str, call) -> bool:
     # a loop around the call (and not around that binding) that binds the name after the call
     # brings another value round to it
     inside_last = {id(a) for a in ancestors_stmts(last)}
-    for loop in ancestors_stmts(call if isinstance(call, ast.stmt) else _stmt_of(call)):
+    for loop in ancestors_stmts(stmt_of(call)):
         if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)) and id(loop) not in inside_last and any(
                 b.lineno > call.lineno and name in _bound_names(b) for b in walk(loop)
                 if isinstance(b, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.With,
                                   ast.AsyncWith, ast.NamedExpr))):
             return False
     return _rebound_before([last], name, call)
-
-
-def _stmt_of(node):
-    while node is not None and not isinstance(node, ast.stmt):
-        node = getattr(node, "_p", None)
-    return node
 
 
 def _bound_names(n) -> set:

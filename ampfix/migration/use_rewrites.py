@@ -1549,20 +1549,7 @@ class UseRewrites:
         bs = m.sem.bindings_of(u.node) if isinstance(u.node, ast.Name) else []
         if not bs or any(b.kind != "param" for b in bs):
             return None
-        node, negated = u.node, False
-        p = getattr(node, "_p", None)
-        if isinstance(p, ast.Compare) and len(p.ops) == 1 and p.left is node and \
-                isinstance(p.ops[0], (ast.Is, ast.IsNot)) and is_const(p.comparators[0], None):
-            node, negated = p, isinstance(p.ops[0], ast.Is)
-            p = getattr(node, "_p", None)
-        if isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
-            node, negated = p, not negated
-            p = getattr(node, "_p", None)
-        while isinstance(p, ast.BoolOp):
-            p = getattr(p, "_p", None)
-        if isinstance(p, (ast.If, ast.While, ast.IfExp, ast.Assert)) and any(n is node for n in [p.test, *walk(p.test)]):
-            return node, negated
-        return None
+        return none_test_of(u.node)
 
     def _param_goes(self, u: Use) -> None:
         """The setup's parameter that apex's amp was handed in goes (its test went with the
