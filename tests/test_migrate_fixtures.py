@@ -192,9 +192,10 @@ def test_an_apex_fallback_below_torch_1_6_goes_with_its_flags():
     after = (FIX / "after" / "version_fallback.py").read_text()
     code = after.split('"""', 2)[2]
     for gone in ("_use_apex", " amp.", "version.parse", "Native AMP and Apex", "elif args.fp16:",
-                 "_use_native_amp = False", "from packaging import version"):
+                 "_use_native_amp", "from packaging import version"):
         assert gone not in code, gone
-    assert code.count("if args.fp16 and _use_native_amp:") == 3 and "self.scaler.scale(loss).backward()" in code
+    # the native flag is True wherever it is read: it leaves the tests, and its stores go
+    assert code.count("if args.fp16:") == 3 and "self.scaler.scale(loss).backward()" in code
     # without the version check the `if` is a plain switch between a branch that only picks apex
     # and one that sets native AMP up: the apex choice takes the native path the same way
     src = (FIX / "before" / "version_fallback.py").read_text().replace(
@@ -202,12 +203,38 @@ def test_an_apex_fallback_below_torch_1_6_goes_with_its_flags():
     res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
     code = res.fixed.split('"""', 2)[2]
     assert "_use_apex" not in code and "args_use_apex" not in code and " amp." not in code
-    assert code.count("if args.fp16 and _use_native_amp:") == 3
+    assert code.count("if args.fp16:") == 3 and "_use_native_amp" not in code
     # a switch whose other branch does not set native AMP up is no apex choice: left alone here
     src = src.replace("    _use_native_amp = True\n    from torch.cuda.amp import autocast\n",
                       "    from torch.cuda.amp import autocast\n")
     res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
     assert res.fixed is None or "args_use_apex" in res.fixed
+
+
+def test_the_native_flag_leaves_a_test_only_where_every_read_is_an_and_operand():
+    """`if self.args.fp16 and _use_native_amp:` -> `if self.args.fp16:` (the flag first as well);
+    a flag read any other way (a whole test or an `or` with no `else` that could go, a value
+    handed on), or with a comment between the operands, stays whole, its store with it."""
+    before = (FIX / "before" / "version_fallback.py").read_text()
+
+    def fixed(src):
+        res = check_source(src.encode(), "x.py", all_rules(), Settings(), fix="safe")
+        assert res.fixed is not None and "amp.scale_loss" not in res.fixed
+        compile(res.fixed, "x.py", "exec")
+        return res.fixed.split('"""', 2)[2]
+
+    code = fixed(before.replace("if self.args.fp16 and _use_native_amp:\n            self.scaler.scale",
+                                "if _use_native_amp and self.args.fp16:\n            self.scaler.scale"))
+    assert "_use_native_amp" not in code and code.count("if self.args.fp16:") == 2
+    # where a read cannot leave its test (no `else` that could not run): the flag stays whole
+    for other in ("if args.fp16 or _use_native_amp:", "if _use_native_amp:",
+                  "if args.fp16 and (  # native\n                _use_native_amp):"):
+        code = fixed(before.replace("if args.fp16 and _use_native_amp:\n            self.scaler = ",
+                                    other + "\n            self.scaler = "))
+        assert "_use_native_amp = True" in code and "if self.args.fp16 and _use_native_amp:" in code, other
+    code = fixed(before.replace("            self.scaler = torch.cuda.amp.GradScaler()",
+                                "            self.scaler = torch.cuda.amp.GradScaler(enabled=_use_native_amp)"))
+    assert "_use_native_amp = True" in code and "enabled=_use_native_amp" in code
 
 
 def test_a_training_step_method_that_the_train_loop_steps_after():

@@ -25,7 +25,7 @@ from ampfix.model.settings import Settings
 from ampfix.model.source import Source, SourceError, run_deep
 from ampfix.engine.noqa import Suppressions
 from ampfix.engine.fit import fit_lines
-from ampfix.engine.tidy import imports_gone_unused, locals_gone_unread, tidy
+from ampfix.engine.tidy import branches_made_alike, imports_gone_unused, locals_gone_unread, tidy
 
 SYNTAX_ERROR = ("AMP000", "syntax-error")
 IO_ERROR = ("AMP001", "io-error")
@@ -163,6 +163,7 @@ def apply_fixes(text: str, path: str, fixes: Sequence[Fix]) -> str:
     may_go = {n for f in fixes for n in getattr(f, "names_may_go", ())}
     out = tidy(out, path, adds, removes, STAR_EXPORTS, may_go)
     out = locals_gone_unread(text, out, path, STAR_EXPORTS)
+    out = branches_made_alike(text, out, path)
     return fit_lines(text, imports_gone_unused(text, out, path, removes, STAR_EXPORTS))
 
 

@@ -1310,3 +1310,54 @@ def locals_gone_unread(before: str, after: str, path: str, star_exports=None) ->
         return apply_edits(after, Remover(src, Model(src.tree, star_exports), Builder(src)).remove(gone))
     except Conflict:
         return after
+
+
+def branches_made_alike(before: str, after: str, path: str) -> str:
+    """``if a: <one> else: <other>`` whose branches the fixes made the same text
+    (``amp.scale_loss(loss, opt_a)`` and ``amp.scale_loss(loss, opt_b)`` both became
+    ``scaler.scale(loss).backward()``): one copy stays, in the ``if``'s place, where the test
+    has no effect of its own.  An ``if`` whose branches were already alike stays: that was not
+    the fixes' doing."""
+    if before == after:
+        return after
+    try:
+        old = ast.parse(before)
+        src = Source(after.encode("utf-8"), path, text=after)
+        src.parse()
+    except (SourceError, SyntaxError, ValueError):
+        return after
+
+    def alike(n) -> bool:
+        if not (isinstance(n, ast.If) and n.body and n.orelse) or (
+                len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If) and n.orelse[0].col_offset == n.col_offset):
+            return False  # an `elif` chain
+        return ast.dump(ast.Module(n.body, [])) == ast.dump(ast.Module(n.orelse, []))
+
+    had = Counter(ast.dump(n) for n in ast.walk(old) if alike(n))
+    b = Builder(src)
+    lines = src.text.splitlines(keepends=True)
+    edits: List[Edit] = []
+    for n in ast.walk(src.tree):
+        if not alike(n) or not pure(n.test) or any(isinstance(x, ast.If) and alike(x) for x in walk(n)):
+            continue
+        key = ast.dump(n)
+        if had[key]:
+            had[key] -= 1
+            continue
+        at = next((i for i in range(n.body[-1].end_lineno, n.orelse[0].lineno)
+                   if lines[i].strip().startswith("else")), None)
+        if at is None or n.body[0].lineno <= n.test.end_lineno:
+            continue
+        # everything between the header and `else:`, and after `else:`, comments too
+        if lines[n.test.end_lineno:at] != lines[at + 1:n.orelse[-1].end_lineno]:
+            continue  # a comment or a layout of its own in one branch: left as it is
+        try:
+            edits.append(b.unwrap(n, n.body))
+        except Conflict:
+            continue
+    if not edits:
+        return after
+    try:
+        return apply_edits(after, edits)
+    except Conflict:
+        return after

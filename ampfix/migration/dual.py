@@ -176,6 +176,7 @@ class DualModule:
         #: statements that set it, where the apex choice is routed right after
         self.routes: Dict[str, List[ast.stmt]] = {}
         self.dead: Set[int] = set()
+        self.folded: Set[int] = set()  # ids of reads of a flag now True that leave their test
         self.claimed: List[ast.AST] = []
         #: id of a class that extends a framework's trainer -> the apex flags the framework settles
         self.framework: Dict[int, Dict[str, bool]] = self._framework_flags()
@@ -799,6 +800,7 @@ class DualModule:
                 fc.insert_after(twin, ["", "", f"{c.name} = {twin.name}"], indent=fc.b.indent(twin))
         self._route_cli(fc)
         self._route_config(fc)
+        self._fold_true_flags(fc)
         self._drop_flags(fc)
         self._helpers_go(fc)
         fc.removes.extend(apex_import_specs(m))
@@ -863,6 +865,22 @@ class DualModule:
 
     def _is_elif(self, n: ast.If) -> bool:
         return self.m.src.line_text(n.lineno).lstrip().startswith("elif")
+
+    def _kept_whole(self, n) -> bool:
+        """``n`` is a statement of the branch that stays of a dropped ``if`` (``else:
+        _use_native_amp = True`` under a version test) beside others: it can go on its own (where the
+        others go too, so does the ``if``)."""
+        p = getattr(n, "_p", None)
+        for node, field in self.dead_branches:
+            if p is node and field == "body" and not (node.orelse and self._is_elif(node.orelse[0])):
+                live = node.orelse
+            elif p is node and field == "orelse":
+                live = node.body
+            else:
+                continue
+            # a branch of the store alone stays as it was: its `if` would have to go whole
+            return any(s is n for s in live) and len(live) > 1
+        return False
 
     def _inside_dropped(self, n) -> bool:
         p = getattr(n, "_p", None)
@@ -1079,7 +1097,7 @@ class DualModule:
             for n in walk(self.m.tree, into_functions=True):
                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) == flag and \
                         isinstance(n.value, ast.Constant) and id(n) not in self.dead and id(n) not in fc.touched \
-                        and not self._inside_dropped(n):
+                        and (not self._inside_dropped(n) or self._kept_whole(n)):
                     fc.remove(n)
 
         # `_use_native_amp = False` at the top, `= True` (now unconditional) below it: the first
@@ -1095,10 +1113,51 @@ class DualModule:
                         is_const(n.value, False) and id(n) not in self.dead and id(n) not in fc.touched:
                     fc.remove(n)
 
+    def _fold_true_flags(self, fc) -> None:
+        """``if self.args.fp16 and _use_native_amp:`` where the flag is now True at every call: the
+        flag leaves the test (``if self.args.fp16:``), and once no read is left its stores go
+        (:meth:`_drop_flags`). Only where every read the module keeps is such an operand, inside
+        a function, and no other module names the flag: anything else keeps the flag whole."""
+        src = self.m.src
+        for flag, value in self.settled.items():
+            if value is not True or flag in self.flags or self.p.named_elsewhere(self.m, flag):
+                continue
+            reads = [n for n in walk(self.m.tree, into_functions=True) if isinstance(n, ast.Name) and n.id == flag
+                     and isinstance(n.ctx, ast.Load) and id(n) not in self.dead and not self._in_dead_test(n)]
+            plan = []
+            for n in reads:
+                test = getattr(n, "_p", None)
+                owner = getattr(test, "_p", None)
+                if not (self.m.function_of(n) is not None and isinstance(test, ast.BoolOp)
+                        and isinstance(test.op, ast.And) and isinstance(owner, (ast.If, ast.IfExp))
+                        and owner.test is test and id(owner) not in fc.touched):
+                    plan = None
+                    break
+                rest = [v for v in test.values if v is not n]
+                if not rest or any(isinstance(v, ast.Name) and v.id == flag for v in rest):
+                    plan = None
+                    break
+                i = next(k for k, v in enumerate(test.values) if v is n)
+                if i + 1 < len(test.values):  # `flag and a`: up to where the next operand starts
+                    a, b = src.span(n)[0], src.span(test.values[i + 1])[0]
+                else:  # `a and flag`: from where the operand before it ends
+                    a, b = src.span(test.values[i - 1])[1], src.span(n)[1]
+                gap = src.text[a:b]
+                if "#" in gap or "\\" in gap:
+                    plan = None  # a comment or a continuation between them: left as it is
+                    break
+                plan.append((n, a, b))
+            if not plan:
+                continue
+            for n, a, b in plan:
+                fc.edits.append(_edit(a, b, ""))
+                self.folded.add(id(n))
+
     def _read_anywhere(self, name: str) -> bool:
         """``name`` is read in code that stays, here or in another module of the project."""
         if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in self.dead
-               and not self._in_dead_test(n) for n in walk(self.m.tree, into_functions=True)):
+               and id(n) not in self.folded and not self._in_dead_test(n)
+               for n in walk(self.m.tree, into_functions=True)):
             return True
         return self.p.named_elsewhere(self.m, name)
 
