@@ -289,12 +289,27 @@ def none_scaler_calls(text: str) -> list:
             for param, v in given:
                 if isinstance(v, ast.Name) and (id(unit_of(n)), v.id) in nones and not guarded(n, v.id):
                     nones.add((id(d), param))
+    # `if scaler is None: scaler = GradScaler(enabled=False)` in the function's own body: after
+    # it the name is never None
+    defaulted = {}
+    for d in ast.walk(tree):
+        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for st in d.body:
+                t = st.test if isinstance(st, ast.If) else None
+                if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and len(t.ops) == 1 and \
+                        isinstance(t.ops[0], ast.Is) and isinstance(t.comparators[0], ast.Constant) and \
+                        t.comparators[0].value is None and not st.orelse and any(
+                            isinstance(b, ast.Assign) and isinstance(b.value, ast.Call) and any(
+                                isinstance(x, ast.Name) and x.id == t.left.id for x in b.targets) for b in st.body):
+                    defaulted.setdefault((id(d), t.left.id), st.end_lineno)
     out = []
     for n in ast.walk(tree):
         if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SCALER_METHODS
                 and isinstance(n.func.value, ast.Name)):
             continue
         name = n.func.value.id
+        if defaulted.get((id(unit_of(n)), name), n.lineno) < n.lineno:
+            continue
         if (id(unit_of(n)), name) in nones and not guarded(n, name):
             out.append(n.lineno)
     return sorted(set(out))

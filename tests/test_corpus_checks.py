@@ -218,3 +218,18 @@ def test_a_rebinding_off_the_way_or_undone_still_counts():
     # a value that reads the region's output through an op that keeps bfloat16 is no fresh value
     assert _numpy_lines("    logits = torch.sigmoid(logits)\n    p = logits.cpu().numpy()\n") == [
         "p = logits.cpu().numpy()"]
+
+
+def test_a_scaler_defaulted_in_its_function_is_not_none_after_the_default():
+    src = ("def run(loss, opt, *, scaler=None):\n"
+           "{default}"
+           "    scaler.scale(loss).backward()\n"
+           "    scaler.step(opt)\n")
+    assert mc.none_scaler_calls(src.format(default="")) == [2, 3]
+    default = "    if scaler is None:\n        scaler = GradScaler(enabled=False)\n"
+    assert mc.none_scaler_calls(src.format(default=default)) == []
+    # a default under a condition of something else, or one that binds None again, is no default
+    other = "    if opt is None:\n        scaler = GradScaler(enabled=False)\n"
+    assert mc.none_scaler_calls(src.format(default=other)) == [4, 5]
+    again = "    if scaler is None:\n        scaler = None\n"
+    assert mc.none_scaler_calls(src.format(default=again)) == [4, 5]

@@ -267,8 +267,10 @@ def test_callers_without_a_scaler_that_never_reach_the_scaled_backward(tmp_path)
     helper = (tmp_path / "helper.py").read_text()
     train = (tmp_path / "train.py").read_text()
     assert "def attack(model, x, opt=None, *, scaler=None):" in helper
-    assert "enabled=scaler is not None and scaler.is_enabled()" in helper
-    assert "if scaler is not None and opt is not None:" in helper
+    # a caller that passes no scaler gets a disabled one: float32, and no presence test anywhere
+    assert 'if scaler is None:\n        scaler = torch.amp.GradScaler("cuda", enabled=False)' in helper
+    assert "enabled=scaler.is_enabled()" in helper and "scaler is not None" not in helper
+    assert "    if opt is not None:\n        scaler.scale(loss).backward()" in helper
     assert "attack(model, x, opt, scaler=scaler)" in train and "attack(model, x, None)" in train
     assert "apex" not in helper + train
 

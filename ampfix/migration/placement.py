@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Set
 
-from ampfix.migration.flow import ancestors_stmts, dominates, stmt_of
+from ampfix.migration.flow import ancestors_stmts, code_body, dominates, stmt_of
 from ampfix.migration.rewriter import insert_edit
 from ampfix.migration.spell import scaler_call
 from ampfix.migration.seeds import Carrier, Seed
@@ -350,8 +350,13 @@ class CarrierRewrites:
                         self._rename_param(f, rename)
                     elif getattr(c, "optional", None):
                         add_keyword_param(self.fc(f.module), f, f"{self.name}=None")
-                        self.notes.add(f"`{f.qualname}` takes the GradScaler as an optional `{self.name}=`: some of its "
-                                       "callers have none")
+                        if self.defaults_scaler(f):
+                            self._default_when_none(f)
+                            self.notes.add(f"`{f.qualname}` takes the GradScaler as an optional `{self.name}=`: a "
+                                           "caller that passes none gets a disabled one (float32, as apex left it)")
+                        else:
+                            self.notes.add(f"`{f.qualname}` takes the GradScaler as an optional `{self.name}=`: some "
+                                           "of its callers have none")
                     else:
                         self._add_param(f)
                 if rename and cs.argument(rename) is not None:
@@ -416,6 +421,25 @@ class CarrierRewrites:
         fc.edits.append(fc.b.insert_arg(cs.node, f"{self.name}={expr}"))
         self.g.anchors.setdefault(cs.module.path, []).append(
             (cs.node, f"`{cs.callee.qualname}` now takes the GradScaler of the apex.amp migration: pass it here"))
+
+    def defaults_scaler(self, func) -> bool:
+        """Whether the optional scaler parameter of ``func`` (callers without one never reach the
+        scaled backward) gets a disabled scaler when none is passed: where ``func`` scales a loss
+        (float16).  A caller from outside the project that passes the optimizer and no scaler then
+        trains in float32, as it did with apex left uninitialized, and no test of the scaler's
+        presence is needed around the backward, the step or the checkpoint."""
+        if self.bf16 or func is None:
+            return False
+        return any(u.kind == "scale_loss" and u.func is not None and u.func.node is func.node and
+                   c is not None and getattr(c, "optional", None) and c.kind == "param" for u, c in self.g.needs)
+
+    def _default_when_none(self, f) -> None:
+        """``if scaler is None: scaler = GradScaler(enabled=False)`` first in ``f``'s body (after its
+        docstring)."""
+        body = code_body(f.node.body) or f.node.body
+        line = scaler_call(self.s, ["enabled=False"])
+        self.fc(f.module).insert_before(body[0], [f"if {self.name} is None:", f"    {self.name} = {line}"])
+
 
 
 def add_keyword_param(fc, f, name: str) -> None:

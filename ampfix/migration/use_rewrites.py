@@ -65,7 +65,7 @@ class UseRewrites:
         if c.sees_seed and len(c.seeds) == 1:
             idx = next(iter(c.seeds))
             return self.enabled.get(idx, "True")
-        if getattr(c, "optional", None):
+        if getattr(c, "optional", None) and not self.defaults_scaler(func):
             # some callers pass none (they never reach the scaled backward): off there
             return f"bool({c.expr})" if self.bf16 else f"{c.expr} is not None and {c.expr}.is_enabled()"
         return c.expr if self.bf16 else f"{c.expr}.is_enabled()"
@@ -152,7 +152,6 @@ class UseRewrites:
         self.backward_sites.setdefault(key, []).append(site)
         if not self.pure:
             self._plan_region(u, c, site, loss)
-        self._guard_optional(u, c, w)
 
     def _unscale_before_clip(self, u: Use, w, clips, opt, scaler: str, kws) -> None:
         """``with amp.scale_loss(loss, opt) as s: s.backward(); clip_grad_norm_(model.parameters(),
@@ -175,24 +174,6 @@ class UseRewrites:
                                 code(receiver(x.value)) == code(opt) for x in block[i + 1:]):
             return
         self.fc(u.module).insert_before(stmt, [f"{scaler}.unscale_({code(opt)})"])
-
-    def _guard_optional(self, u: Use, c: Carrier, w) -> None:
-        """An optional scaler (callers that have none leave the tested parameter None: they never
-        reach the scaled backward): the test says the scaler is there too, for a caller from
-        outside the project that passes the optimizer alone."""
-        if not getattr(c, "optional", None) or self.bf16:
-            return
-        child = w
-        for a in ancestors_stmts(w, u.func.node if u.func is not None else None):
-            if isinstance(a, ast.If) and any(x is child for x in a.body) and id(a) not in self.guarded and \
-                    id(a) not in self.fc(u.module).touched:
-                self.guarded.add(id(a))
-                text = u.module.src.code(a.test)
-                if isinstance(a.test, ast.BoolOp) and isinstance(a.test.op, ast.Or):
-                    text = f"({text})"
-                self.fc(u.module).replace(a.test, f"{c.expr} is not None and {text}")
-                return
-            child = a
 
     @staticmethod
     def _apex_import(stmt, module) -> bool:
@@ -1469,7 +1450,7 @@ class UseRewrites:
                 fc.remove(st)
             self.notes.add("bfloat16 has no loss scaler: the checkpoint keeps an empty 'amp' entry, loading ignores it")
             return
-        if getattr(c, "optional", None):
+        if getattr(c, "optional", None) and not self.defaults_scaler(u.func):
             self._only_with_a_scaler(u, c)
         st = stmt_of(u.node)
         if st is not None:
