@@ -3,7 +3,7 @@ mapped), autocast for an inference seed, ``model.half()`` for O3, ``amp.init``."
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.engine.tidy import reports_apex
 from ampfix.model.apex import apex_value_condition, fold_installed, imports_apex
@@ -15,7 +15,7 @@ from ampfix.migration.flow import (
     loss_from, read, stmt_of, terminates,
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
-from ampfix.model.semantic import DEFS, block_of, dotted, walk
+from ampfix.model.semantic import DEFS, block_of, dotted, enclosing_function, walk
 from ampfix.migration.rewriter import quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
@@ -1174,6 +1174,7 @@ class SeedRewrites:
             owner, field, block = block_of(level)
             idx = next(i for i, x in enumerate(block) if x is level)
             held = set(model_names) | self._owners(s, model_names)
+            self._kept_by = {}
             touching = []
             for j in range(idx + 1, len(block)):
                 x = block[j]
@@ -1317,18 +1318,43 @@ class SeedRewrites:
         """Names bound to an object built from the model (``r = Retriever(model)``,
         ``m = get_model_obj(model)``): calling them may run it."""
         out = set()
-        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
-            call = stmt.value
+        kept_by = self.__dict__.setdefault("_kept_by", {})
+        ways: Dict[str, list] = {}
+        # in the branches of an `if` too (`if rpc: retriever = RPCRetriever(encoder, ...) else:
+        # retriever = LocalRetriever(encoder, ...)`)
+        for x in [stmt, *(n for n in walk(stmt, into_functions=False) if isinstance(n, ast.Assign))]:
+            if not (isinstance(x, ast.Assign) and isinstance(x.value, ast.Call)):
+                continue
+            call = x.value
             name = (dotted(call.func) or "").split(".")[-1]
             if any(dotted(a) in held for a in [*call.args, *(k.value for k in call.keywords)]) and (
                     name[:1].isupper() or any(w in name.lower() for w in ("model", "encoder", "get_", "wrap"))):
-                for t in stmt.targets:
-                    out |= {dotted(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]) if dotted(e)}
+                got = {dotted(e) for t in x.targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
+                       if dotted(e)}
+                kept = self._kept_in(x, call, held) if len(got) == 1 else None
+                for g in got:
+                    ways.setdefault(g, []).append(kept)
+                out |= got
+        for g, kept in ways.items():
+            # every way of building it must be read (`if rpc: RPCRetriever(...) else:
+            # LocalRetriever(...)`): a method leaves the model alone where it does in each class
+            if all(k is not None for k in kept):
+                kept_by[g] = kept
+            else:
+                kept_by.pop(g, None)
         return out
 
     def _calls_on(self, stmt, objs: Set[str]) -> bool:
-        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) in objs
-                   for n in [stmt, *walk(stmt)])
+        """A method of an object built from the model is called (``retriever.search(q)``); not one
+        that only reads or loads its state (``model_to_load.load_state_dict(state)``)."""
+        kept_by = self.__dict__.get("_kept_by", {})
+        for n in [stmt, *walk(stmt)]:
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) in objs \
+                    and n.func.attr not in self._NOT_RUNNING:
+                kept = kept_by.get(dotted(n.func.value))
+                if not (kept and not any(self._method_runs(*where, n.func.attr, attrs) for where, attrs in kept)):
+                    return True
+        return False
 
     def _only_configures(self, stmt, names: Set[str]) -> bool:
         """``model.eval()``, ``model.to(device)``: the model's own methods that do not run it."""
@@ -1339,9 +1365,13 @@ class SeedRewrites:
         """Whether a statement runs the model: calls it, or hands it to a function that may (not
         a torch wrapper such as DataParallel or torch.jit.script, not one of its own methods)."""
         sem = self._sem_of(stmt)
+        kept_by = self.__dict__.get("_kept_by", {})
         for n in [stmt, *walk(stmt, into_functions=False)]:
             if isinstance(n, ast.Call):
                 if calls_model(n, names):
+                    kept = kept_by.get(dotted(n.func.value)) if isinstance(n.func, ast.Attribute) else None
+                    if kept and not any(self._method_runs(*where, n.func.attr, attrs) for where, attrs in kept):
+                        continue  # `retriever.get_top_docs(...)`: a method that leaves the model alone
                     return True
                 if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
                     if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:
@@ -1362,18 +1392,38 @@ class SeedRewrites:
         """``load_state_dict_with_mismatch(model, path)``: a function of the project (not a method)
         that only reads the model's weights or state through its own methods (``model.state_dict()``,
         ``model.load_state_dict(...)``, ``isinstance(model, ...)``) and neither calls it nor hands it
-        on: loading weights is not a forward pass."""
+        on: loading weights is not a forward pass.  One that returns it, or the module a wrapper
+        holds (DPR's ``get_model_obj``: ``return model.module if hasattr(model, "module") else
+        model``), does not run it either: what the caller does with the result is read there.  A
+        project class whose ``__init__`` only keeps the model (``self.encoder = encoder``, or hands
+        it to its base class's ``__init__`` that keeps it: DPR's ``LocalFaissRetriever(encoder,
+        ...)``) does not run it when built; its methods that do are calls on the object, later."""
         f, bound = self.p.resolve(self._module_of(stmt), call.func)
-        if f is None or bound or f.is_method or f.vararg or f.kwarg:
+        if f is None:
+            return False
+        if bound:
+            if f.node.name != "__init__" or f.cls is None:
+                return False
+            return self._kept_only(f, call, names, 1, 0, set())
+        if f.is_method:
+            return False
+        return self._kept_only(f, call, names, 0, 0, set())
+
+    def _kept_only(self, f, call: ast.Call, names: Set[str], skip: int, depth: int, attrs: Set[str]) -> bool:
+        """The parameters of ``f`` that ``call`` hands one of ``names`` (``skip``: the bound
+        ``self``) are only read as :meth:`_callee_leaves_unrun` allows; ``attrs`` gets the
+        attributes of ``self`` a constructor keeps them in."""
+        if f.vararg or f.kwarg or depth > 3:
             return False
         params = set()
+        positional = f.positional[skip:]
         for i, a in enumerate(call.args):
             if isinstance(a, ast.Starred):
                 return False
             if dotted(a) in names:
-                if i >= len(f.positional):
+                if i >= len(positional):
                     return False
-                params.add(f.positional[i])
+                params.add(positional[i])
         for k in call.keywords:
             if k.arg is None:
                 return False
@@ -1381,6 +1431,7 @@ class SeedRewrites:
                 params.add(k.arg)
         if not params:
             return False
+        ctor = f.node.name == "__init__" and f.cls is not None
         for x in walk(f.node, into_functions=True):
             if not (isinstance(x, ast.Name) and x.id in params):
                 continue
@@ -1390,11 +1441,91 @@ class SeedRewrites:
             if isinstance(p, ast.Attribute) and p.attr in self._NOT_RUNNING and \
                     isinstance(getattr(p, "_p", None), ast.Call) and p._p.func is p:
                 continue
+            if not ctor and _unwrapped(x, f.node):
+                continue
             if isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id in ("isinstance", "hasattr") \
                     and p.args and p.args[0] is x:
                 continue
+            if ctor and isinstance(p, ast.Assign) and p.value is x and len(p.targets) == 1 and \
+                    isinstance(p.targets[0], ast.Attribute) and dotted(p.targets[0].value) == "self" and \
+                    enclosing_function(p) is f.node:
+                attrs.add(p.targets[0].attr)
+                continue  # `self.encoder = encoder`
+            if ctor and isinstance(p, ast.Call) and x in p.args + [k.value for k in p.keywords] and \
+                    self._base_init_keeps(f, p, names | {x.id}, depth, attrs):
+                continue
             return False
         return True
+
+    def _base_init_keeps(self, f, call: ast.Call, names: Set[str], depth: int, attrs: Set[str]) -> bool:
+        """``super().__init__(encoder, ...)`` / ``Base.__init__(self, encoder, ...)`` in the
+        ``__init__`` ``f``, to a project base class whose own ``__init__`` only keeps it."""
+        fn = call.func
+        if not (isinstance(fn, ast.Attribute) and fn.attr == "__init__"):
+            return False
+        via_super = isinstance(fn.value, ast.Call) and dotted(fn.value.func) == "super"
+        if not via_super and not (call.args and dotted(call.args[0]) == "self"):
+            return False
+        bases = self.p.ancestors(f.module, f.cls)
+        if not bases:
+            return False
+        mod, base = bases[0]
+        init = next((g for g in mod.functions.values() if g.cls is base and g.node.name == "__init__"), None)
+        if init is None:
+            return False
+        return self._kept_only(init, call, names, 1 if via_super else 0, depth + 1, attrs)
+
+    def _kept_in(self, stmt, call: ast.Call, names: Set[str]):
+        """(the class, the attributes of ``self`` it keeps the model in) where ``call`` builds a
+        project class whose ``__init__`` only keeps it; else None."""
+        f, bound = self.p.resolve(self._module_of(stmt), call.func)
+        if f is None or not bound or f.node.name != "__init__" or f.cls is None:
+            return None
+        attrs: Set[str] = set()
+        if not self._kept_only(f, call, names, 1, 0, attrs) or not attrs:
+            return None
+        if f.cls.name != (dotted(call.func) or "").split(".")[-1]:
+            return None  # the class inherits its __init__ (or is imported by another name)
+        return (f.module, f.cls), attrs
+
+    def _whole_hierarchy_known(self, module, cls) -> bool:
+        """Every base of ``cls``, and of theirs, is a project class (or ``object``)."""
+        found = [c for _, c in self.p.ancestors(module, cls)]
+        known = {c.name for c in found}
+        for c in [cls, *found]:
+            if c.keywords:
+                return False  # a metaclass
+            for b in c.bases:
+                name = (dotted(b) or "").split(".")[-1]
+                if name != "object" and name not in known:
+                    return False
+        return True
+
+    def _method_runs(self, module, cls, name: str, attrs: Set[str], depth: int = 0) -> bool:
+        """Whether the method ``name`` of ``cls`` may run what ``attrs`` keep: it reads one of them,
+        hands ``self`` on, or calls a method that does (unknown methods may)."""
+        m = self.p.method(module, cls, name)
+        if m is None:
+            # no such method where every class it inherits from is the project's: the call
+            # raises AttributeError (a branch for another class of the object: `load_index` of
+            # the RPC retriever), it runs nothing
+            return not self._whole_hierarchy_known(module, cls)
+        if depth > 3:
+            return True
+        for n in walk(m.node, into_functions=True):
+            if isinstance(n, ast.Name) and n.id == "self":
+                p = getattr(n, "_p", None)
+                if not (isinstance(p, ast.Attribute) and p.value is n):
+                    return True  # `helper(self)`: handed on whole
+                if p.attr in attrs:
+                    return True
+                c = getattr(p, "_p", None)
+                if isinstance(c, ast.Call) and c.func is p and \
+                        self._method_runs(module, cls, p.attr, attrs, depth + 1):
+                    return True
+            elif isinstance(n, ast.Call) and dotted(n.func) == "super":
+                return True
+        return False
 
     def _amp_init(self, s: Seed) -> None:
         """apex's first API, ``handle = amp.init(enabled=...)``: it patched torch for the rest of the
@@ -1613,3 +1744,17 @@ def _same_branch(owner: ast.If, a: ast.AST, b: ast.AST) -> bool:
         if any(x is a for x in inside):
             return any(x is b for x in inside)
     return False
+
+
+def _unwrapped(name: ast.Name, func) -> bool:
+    """``name`` (a parameter) is returned as it is or through attributes it holds, not called
+    (``return model.module if hasattr(model, "module") else model``)."""
+    node = name
+    p = getattr(node, "_p", None)
+    while isinstance(p, ast.Attribute) and p.value is node:
+        node, p = p, getattr(p, "_p", None)
+    if isinstance(p, ast.Call) and p.func is node:
+        return False
+    while isinstance(p, ast.IfExp) and p.test is not node:
+        node, p = p, getattr(p, "_p", None)
+    return isinstance(p, ast.Return) and p.value is node and enclosing_function(p) is func
