@@ -20,7 +20,14 @@ PROJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "projects"
 ENTRIES = {
     "launcher_engine": [["tools/train_net.py", "--steps", "3"]],
     "dual_path": [["train.py", "--steps", "3", "--amp-impl", "apex"], ["train.py", "--steps", "3"]],
-    "setup_returns": [["train.py", "--steps", "3"], ["embed.py"]],
+    # and a retrieval script: the weights loaded into the unwrapped model and a retriever built in
+    # an `if`'s branches stay outside autocast, the retriever's method that runs the encoder is in it
+    "setup_returns": [["train.py", "--steps", "3"], ["embed.py"], ["retrieve.py"], ["retrieve.py", "--url", "x"]],
+    # one pass function for training (scaled), validation and prediction (no scaler): it makes a
+    # disabled scaler when none is passed, so a caller outside the project that trains with it and
+    # no scaler (../drive.py) still trains, in float32, as before
+    "optional_scaler": [["main.py", "--epochs", "2"], ["main.py", "--epochs", "2", "--apex"], ["main.py", "--predict"],
+                        ["../drive.py"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says
