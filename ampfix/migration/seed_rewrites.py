@@ -142,7 +142,8 @@ class SeedRewrites:
         """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
         its arguments) and the function returns the model and optimizer as they are."""
         self._initialize_goes(s)
-        self.notes.add(f"`{s.func.qualname}` no longer initializes apex: its callers set up native AMP where they call it")
+        self.notes.add(f"`{s.func.qualname}` no longer initializes apex: its callers set up native AMP where they "
+                       "call it")
 
     def _switch_seed(self, s) -> None:
         """A trainer's own switch says when AMP is on (:mod:`ampfix.migration.switches`): its
