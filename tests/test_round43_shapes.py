@@ -219,3 +219,14 @@ def test_the_migrated_retrieval_runs(tmp_path: Path):
     encoder = torch.nn.Linear(4, 2)
     args = types.SimpleNamespace(device="cpu", fp16=False, remote=True, url="u")
     ns["main"](args, encoder, encoder.state_dict(), None, torch.randn(3, 4))
+
+
+def test_a_base_init_called_by_name_keeps_the_model_too(tmp_path: Path):
+    """``Retriever.__init__(self, encoder, batch_size)`` instead of ``super().__init__(...)``: the
+    same reading, the same single region."""
+    src = RETRIEVE.replace("super().__init__(encoder, batch_size)", "Retriever.__init__(self, encoder, batch_size)")
+    assert src.count("Retriever.__init__(self, encoder, batch_size)") == 2
+    out = migrated(tmp_path, {"model_utils.py": MODEL_UTILS, "retrieve.py": src}, "retrieve.py")
+    assert out.count("torch.autocast(") == 1, out
+    assert "enabled=bool(args.fp16)):\n        vectors = retriever.encode(queries)" in out
+    assert "    hits = retriever.search(vectors)\n" in out

@@ -441,7 +441,6 @@ class CarrierRewrites:
         self.fc(f.module).insert_before(body[0], [f"if {self.name} is None:", f"    {self.name} = {line}"])
 
 
-
 def add_keyword_param(fc, f, name: str) -> None:
     """A keyword-only parameter ``name``, last (before ``**kwargs``), on the function ``f``."""
     node = f.node

@@ -1175,7 +1175,7 @@ class SeedRewrites:
             owner, field, block = block_of(level)
             idx = next(i for i, x in enumerate(block) if x is level)
             held = set(model_names) | self._owners(s, model_names)
-            self._kept_by = {}
+            kept_by: Dict[str, list] = {}
             touching = []
             for j in range(idx + 1, len(block)):
                 x = block[j]
@@ -1183,16 +1183,16 @@ class SeedRewrites:
                     break
                 if self._under_autocast(x):
                     continue
-                if self._uses_model(x, held) or self._calls_on(x, held - model_names):
+                if self._uses_model(x, held, kept_by) or self._calls_on(x, held - model_names, kept_by):
                     if isinstance(x, DEFS) or any(method_call(n, "backward") for n in walk(x)):
                         raise Refuse(f"the model initialized at line {s.use.line} is trained at line {x.lineno} "
                                      "without amp.scale_loss: add the scaled backward by hand")
                     touching.append(j)
-                held |= self._holders(x, held)
+                held |= self._holders(x, held, kept_by)
             while touching and self._only_configures(block[touching[0]], model_names):
                 touching.pop(0)
             if touching:
-                regions = self._narrowed(block, self._runs(block, touching), held, model_names)
+                regions = self._narrowed(block, self._runs(block, touching), held, model_names, kept_by)
                 if level is not levels[-1] and not moved:
                     # inside every `if` the scaler's condition folded in: only the options' own
                     cond = enabled
@@ -1225,7 +1225,7 @@ class SeedRewrites:
                 regions.append((j, j))
         return regions
 
-    def _narrowed(self, block, runs, held: Set[str], model_names: Set[str]) -> List[tuple]:
+    def _narrowed(self, block, runs, held: Set[str], model_names: Set[str], kept_by: Dict[str, list]) -> List[tuple]:
         """(block, first, last) for each run; a run that is one loop (``while True: q = input();
         ... emb = model.encode(q); ... print(hits)``) gives the runs in its body instead, so that the
         prompt, the search and the printing stay outside autocast as a person would write it."""
@@ -1234,11 +1234,13 @@ class SeedRewrites:
             loop = block[i]
             if i == j and isinstance(loop, (ast.For, ast.While)) and not loop.orelse:
                 inner_held = set(held)
+                inner_kept = dict(kept_by)
                 touching = []
                 for k, x in enumerate(loop.body):
-                    if self._uses_model(x, inner_held) or self._calls_on(x, inner_held - model_names):
+                    if self._uses_model(x, inner_held, inner_kept) or \
+                            self._calls_on(x, inner_held - model_names, inner_kept):
                         touching.append(k)
-                    inner_held |= self._holders(x, inner_held)
+                    inner_held |= self._holders(x, inner_held, inner_kept)
                 while touching and self._only_configures(loop.body[touching[0]], model_names):
                     touching.pop(0)
                 if touching:
@@ -1250,7 +1252,7 @@ class SeedRewrites:
                             last += 1
                             made |= assigned(loop.body[last])
                         inner.append((first, last))
-                    out.extend(self._narrowed(loop.body, inner, inner_held, model_names))
+                    out.extend(self._narrowed(loop.body, inner, inner_held, model_names, inner_kept))
                     continue
             out.append((block, i, j))
         return out
@@ -1315,11 +1317,12 @@ class SeedRewrites:
         return isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and not any(
             isinstance(n, ast.Call) and not isinstance(n.func, ast.Attribute) for n in walk(stmt))
 
-    def _holders(self, stmt, held: Set[str]) -> Set[str]:
+    def _holders(self, stmt, held: Set[str], kept_by: Dict[str, list]) -> Set[str]:
         """Names bound to an object built from the model (``r = Retriever(model)``,
-        ``m = get_model_obj(model)``): calling them may run it."""
+        ``m = get_model_obj(model)``): calling them may run it.  ``kept_by`` gets, for each such
+        name that every way of building reads as a project class keeping the model, the (class,
+        attributes) of each way (:meth:`_leaves_model_alone`)."""
         out = set()
-        kept_by = self.__dict__.setdefault("_kept_by", {})
         ways: Dict[str, list] = {}
         # in the branches of an `if` too (`if rpc: retriever = RPCRetriever(encoder, ...) else:
         # retriever = LocalRetriever(encoder, ...)`)
@@ -1345,34 +1348,36 @@ class SeedRewrites:
                 kept_by.pop(g, None)
         return out
 
-    def _calls_on(self, stmt, objs: Set[str]) -> bool:
+    def _calls_on(self, stmt, objs: Set[str], kept_by: Dict[str, list]) -> bool:
         """A method of an object built from the model is called (``retriever.search(q)``); not one
-        that only reads or loads its state (``model_to_load.load_state_dict(state)``)."""
-        kept_by = self.__dict__.get("_kept_by", {})
-        for n in [stmt, *walk(stmt)]:
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) in objs \
-                    and n.func.attr not in self._NOT_RUNNING:
-                kept = kept_by.get(dotted(n.func.value))
-                if not (kept and not any(self._method_runs(*where, n.func.attr, attrs) for where, attrs in kept)):
-                    return True
-        return False
+        that only reads or loads its state (``model_to_load.load_state_dict(state)``), nor one
+        that leaves the model alone (:meth:`_leaves_model_alone`)."""
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and dotted(n.func.value) in objs
+                   and n.func.attr not in self._NOT_RUNNING and not self._leaves_model_alone(n, kept_by)
+                   for n in [stmt, *walk(stmt)])
+
+    def _leaves_model_alone(self, call: ast.Call, kept_by: Dict[str, list]) -> bool:
+        """``retriever.get_top_docs(...)``: a method of an object that keeps the model (``kept_by``
+        of :meth:`_holders`) that does not run it, in every class the object may be."""
+        if not isinstance(call.func, ast.Attribute):
+            return False
+        kept = kept_by.get(dotted(call.func.value))
+        return bool(kept) and not any(self._method_runs(*where, call.func.attr, attrs) for where, attrs in kept)
 
     def _only_configures(self, stmt, names: Set[str]) -> bool:
         """``model.eval()``, ``model.to(device)``: the model's own methods that do not run it."""
         return isinstance(stmt, ast.Expr) and method_call(stmt.value, "eval", "train", "to", "cuda", "half", "float",
                                                          "requires_grad_") and dotted(receiver(stmt.value)) in names
 
-    def _uses_model(self, stmt, names: Set[str]) -> bool:
+    def _uses_model(self, stmt, names: Set[str], kept_by: Optional[Dict[str, list]] = None) -> bool:
         """Whether a statement runs the model: calls it, or hands it to a function that may (not
         a torch wrapper such as DataParallel or torch.jit.script, not one of its own methods)."""
         sem = self._sem_of(stmt)
-        kept_by = self.__dict__.get("_kept_by", {})
         for n in [stmt, *walk(stmt, into_functions=False)]:
             if isinstance(n, ast.Call):
                 if calls_model(n, names):
-                    kept = kept_by.get(dotted(n.func.value)) if isinstance(n.func, ast.Attribute) else None
-                    if kept and not any(self._method_runs(*where, n.func.attr, attrs) for where, attrs in kept):
-                        continue  # `retriever.get_top_docs(...)`: a method that leaves the model alone
+                    if kept_by and self._leaves_model_alone(n, kept_by):
+                        continue
                     return True
                 if any(dotted(a) in names for a in [*n.args, *(k.value for k in n.keywords)]):
                     if isinstance(n.func, ast.Attribute) and dotted(n.func.value) in names:
@@ -1467,12 +1472,12 @@ class SeedRewrites:
         via_super = isinstance(fn.value, ast.Call) and dotted(fn.value.func) == "super"
         if not via_super and not (call.args and dotted(call.args[0]) == "self"):
             return False
-        bases = self.p.ancestors(f.module, f.cls)
-        if not bases:
-            return False
-        mod, base = bases[0]
-        init = next((g for g in mod.functions.values() if g.cls is base and g.node.name == "__init__"), None)
-        if init is None:
+        if via_super:
+            bases = self.p.ancestors(f.module, f.cls)
+            init = self.p.method(*bases[0], "__init__") if bases else None
+        else:
+            init, _ = self.p.resolve(f.module, fn.value)  # `Base.__init__`: the class named
+        if init is None or init.node.name != "__init__":
             return False
         return self._kept_only(init, call, names, 1 if via_super else 0, depth + 1, attrs)
 
@@ -1480,13 +1485,12 @@ class SeedRewrites:
         """(the class, the attributes of ``self`` it keeps the model in) where ``call`` builds a
         project class whose ``__init__`` only keeps it; else None."""
         f, bound = self.p.resolve(self._module_of(stmt), call.func)
-        if f is None or not bound or f.node.name != "__init__" or f.cls is None:
-            return None
+        if f is None or not bound or f.node.name != "__init__" or f.cls is None or \
+                f.cls.name != (dotted(call.func) or "").split(".")[-1]:
+            return None  # not a constructor whose class is known (one that inherits its __init__, an alias)
         attrs: Set[str] = set()
         if not self._kept_only(f, call, names, 1, 0, attrs) or not attrs:
             return None
-        if f.cls.name != (dotted(call.func) or "").split(".")[-1]:
-            return None  # the class inherits its __init__ (or is imported by another name)
         return (f.module, f.cls), attrs
 
     def _whole_hierarchy_known(self, module, cls) -> bool:
