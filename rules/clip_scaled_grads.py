@@ -44,16 +44,23 @@ class ClipScaledGrads(Rule):
     scaler.step(optimizer)
     scaler.update()
     ```
-    The fix (safe when the function steps exactly one optimizer through the scaler) inserts
+    The fix (offered when the function steps exactly one optimizer through the scaler) inserts
     `scaler.unscale_(optimizer)` before the clipping; when the scaled backward runs under tests
     the clip is outside of (`if args.amp and scaler is not None:`, the scaler None otherwise),
     under the same tests.
+
+    The fix is unsafe: it changes training.  The clip then limits the true gradients, where it
+    limited the scaled ones before (in effect a threshold `max_norm / scale`, clipping nearly every
+    step); that is what the code means, and what its float32 path does, but the numbers change, so
+    a run tuned with the old behaviour may want its learning rate or `max_norm` looked at.
+    `ampfix migrate` treats apex code that clipped inside `amp.scale_loss` the same way: it
+    migrates it only with `--unsafe-fixes`.
     """
 
     code = "AMP206"
     name = "clip-scaled-grads"
     summary = "gradient clipping of scaled gradients (no scaler.unscale_ first), or before backward"
-    fix_kind = "safe"
+    fix_kind = "unsafe"
     since = "1.6"
     triggers = ("clip_grad",)
 
@@ -125,6 +132,7 @@ class ClipScaledGrads(Rule):
                 scaler.step(opt)
                 scaler.update()
             """,
+            unsafe=True,
         ),
         Invalid(
             # the scaler exists on one path only (`scaler = None` otherwise): unscale_ where it ran
@@ -166,6 +174,7 @@ class ClipScaledGrads(Rule):
                 else:
                     opt.step()
             """,
+            unsafe=True,
         ),
         Invalid(
             """
@@ -223,7 +232,9 @@ class ClipScaledGrads(Rule):
             return None
         line = f"{scaler}.unscale_({opts.pop()})"
         lines = [line] if cond is None else [f"if {cond}:", self.edits.unit() + line]
-        return Fix("insert scaler.unscale_(optimizer) before clipping", [self.edits.insert_before(stmt, lines)])
+        return Fix("insert scaler.unscale_(optimizer) before clipping: the clip then limits the true gradients, "
+                   "not the scaled ones (the numbers of training change)",
+                   [self.edits.insert_before(stmt, lines)], safe=False)
 
     def _only_where(self, back, stmt):
         """The condition under which the scaled backward ran and the clip does not test

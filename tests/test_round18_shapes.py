@@ -182,7 +182,7 @@ def test_unscale_before_a_clip_runs_only_where_the_scaled_backward_did(tmp_path)
     # `scaler` is None on the other path: an unguarded unscale_ raised AttributeError there
     # (hirofumi0810/neural_sp after its apex path went: a holdout module the corpus had counted right)
     write(tmp_path, {"train.py": CLIP_LOOP.format(test="args.fp32")})
-    out = CliRunner().invoke(main, ["check", "--fix", "--select", "AMP206", str(tmp_path)])
+    out = CliRunner().invoke(main, ["check", "--fix", "--unsafe-fixes", "--select", "AMP206", str(tmp_path)])
     text = (tmp_path / "train.py").read_text()
     assert "        if not args.fp32 and scaler is not None:\n            scaler.unscale_(opt)\n" \
            "        torch.nn.utils.clip_grad_norm_" in text, out.output
@@ -191,7 +191,7 @@ def test_unscale_before_a_clip_runs_only_where_the_scaled_backward_did(tmp_path)
 
 def test_a_test_that_calls_is_not_evaluated_again(tmp_path):
     write(tmp_path, {"train.py": CLIP_LOOP.format(test="plain_step(args)")})
-    out = CliRunner().invoke(main, ["check", "--fix", "--select", "AMP206", str(tmp_path)])
+    out = CliRunner().invoke(main, ["check", "--fix", "--unsafe-fixes", "--select", "AMP206", str(tmp_path)])
     assert "unscale_" not in (tmp_path / "train.py").read_text()
     assert "AMP206" in out.output and "clipping scaled gradients" in out.output
 
