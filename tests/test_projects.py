@@ -28,6 +28,9 @@ ENTRIES = {
     # no scaler (../drive.py) still trains, in float32, as before
     "optional_scaler": [["main.py", "--epochs", "2"], ["main.py", "--epochs", "2", "--apex"], ["main.py", "--predict"],
                         ["../drive.py"]],
+    # a trainer class set up in __init__ on self.model: its evaluation loop (through the step method
+    # it shares with training) and its prediction method run under autocast, as apex ran them
+    "trainer_eval": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "1", "--opt-level", "O0"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says

@@ -16,14 +16,19 @@ torch.no_grad(): for x, y in test_loader: out = model(x); loss = criterion(out, 
 precision too: each forward of the model there, in a loop that trains nothing and under
 ``no_grad`` / ``inference_mode`` or after ``model.eval()``, runs under autocast with the loss
 computed from its output (not the bookkeeping after it).  With bfloat16, an evaluation that
-hands a tensor to numpy stays as it is: numpy has no bfloat16."""
+hands a tensor to numpy stays as it is: numpy has no bfloat16.
+
+A trainer class that initializes ``self.model`` in ``__init__`` (or keeps a disabled scaler there)
+evaluates it in its other methods (``predict``, ``evaluate_one_epoch``): each forward there that
+only evaluates, directly or through a method of the class that runs the model and trains nothing
+(``preds = self.eval_step(data)``), runs under autocast with the scaler the object keeps."""
 from __future__ import annotations
 
 import ast
 from typing import Dict, Set
 
 from ampfix.migration.flow import ancestors_stmts, assigned, loops_around, loss_from, other_branch, stmt_of
-from ampfix.migration.seeds import Seed, calls_model
+from ampfix.migration.seeds import Carrier, Seed, calls_model
 from ampfix.migration.spell import autocast_call, bf16, disj
 from ampfix.model.analysis import method_call
 from ampfix.model.semantic import DEFS, block_of, dotted, walk
@@ -49,6 +54,7 @@ class EvaluationRewrites:
                 if t is not s and not t.training and t.module is module and t.func is caller and \
                         self.enabled.get(t.idx) not in (None, "False"):
                     cond = disj(cond, self.enabled[t.idx])
+            self._class_evaluations(s)
             unit = caller.node if caller is not None else module.tree
             models = self._seed_models(s)
             self._wrap_inline_evaluations(module, unit, models | self._aliases(unit, models), cond, s.stmt)
@@ -123,18 +129,27 @@ class EvaluationRewrites:
                            "autocast")
         return trains
 
-    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, seed) -> None:
-        """Each forward of one of ``models`` after the ``seed`` statement in ``unit`` itself, and not
-        in a branch its branch excludes, that only evaluates (see the module's doc) runs under
-        autocast(``cond``), with the statements right after it that compute a loss from its output."""
-        after = seed.end_lineno
+    def _wrap_inline_evaluations(self, module, unit, models: Set[str], cond: str, seed,
+                                 helpers: Dict[str, object] = None) -> None:
+        """Each forward of one of ``models`` after the ``seed`` statement in ``unit`` itself (anywhere
+        in it without one), and not in a branch its branch excludes, that only evaluates (see the
+        module's doc) runs under autocast(``cond``), with the statements right after it that compute
+        a loss from its output.  ``helpers``: methods of the object that run the model and train
+        nothing (``self.eval_step``), by the dotted name they are called with: a call of one is a
+        forward too."""
+        helpers = helpers or {}
+        after = seed.end_lineno if seed is not None else 0
         switches = sorted((n.lineno, n.func.attr) for n in walk(unit) if isinstance(n, ast.Call)
                           and method_call(n, "eval", "train") and dotted(n.func.value) in models)
         for n in walk(unit):
-            if not calls_model(n, models) or n.lineno <= after:
+            helper = helpers.get(dotted(n.func)) if isinstance(n, ast.Call) else None
+            if not (calls_model(n, models) or helper is not None) or n.lineno <= after:
                 continue
             st = stmt_of(n)
-            if other_branch(seed, st, unit):
+            if seed is not None and other_branch(seed, st, unit):
+                continue
+            if helper is not None and bf16(self.s) and any(
+                    method_call(x, "numpy") for x in walk(helper.node, into_functions=True)):
                 continue
             if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.Expr)) or st.value is None or \
                     any(isinstance(a, DEFS) for a in ancestors_stmts(st, unit)):
@@ -153,6 +168,11 @@ class EvaluationRewrites:
             if not (quiet or (before and before[-1] == "eval")):
                 continue
             owner, field, block = block_of(st)
+            if len(block) == 1 and owner is not unit and _twin_branches(owner, st):
+                # `if self.ema: preds = self.ema.module(x) else: preds = self.model(x)`: the model
+                # chosen by a test, as apex's casting reached both; the whole `if` goes under autocast
+                st = owner
+                owner, field, block = block_of(st)
             i = next(k for k, x in enumerate(block) if x is st)
             j, made = i, assigned(st)
             while j + 1 < len(block) and loss_from(block[j + 1], made):
@@ -166,6 +186,56 @@ class EvaluationRewrites:
             self._add_region(module, block, i, j, autocast_call(self.s, cond), evaluation=True)
             self.notes.add("the evaluation after amp.initialize ran the model in half precision under apex: "
                            "its forward runs under autocast")
+
+    def _class_evaluations(self, s: Seed) -> None:
+        """The other methods of the class whose method ``s`` initializes ``self.<model>`` in: their
+        evaluations ran in half precision under apex (after the object was set up).  Only where
+        the object always holds the scaler: made in ``__init__``, or a disabled one made there
+        first (a method that evaluates may run before the one that sets up)."""
+        f = s.func
+        if f is None or f.cls is None or not f.is_method or not f.module.editable:
+            return
+        if f.node.name != "__init__" and id(f.cls) not in self.default_made:
+            return
+        targets = s.target_names
+        attrs = {n for n in (s.model_names | ({targets[0]} if targets and targets[0] else set()))
+                 if n.startswith("self.") and n.count(".") == 1}
+        if not attrs:
+            return
+        module, cls = f.module, f.cls
+        methods = [self.p.method(module, cls, m.name) for m in cls.body
+                   if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m is not f.node]
+        methods = [m for m in methods if m is not None and m.cls is cls and m.is_method]
+        helpers = {"self." + m.node.name: m for m in methods if self._runs_only(m, attrs, methods)}
+        carrier = Carrier("self", {s.idx}, "self." + self.name)
+        for m in methods:
+            if m.node.name in ("__init__", "forward") or m.node.name.startswith("__"):
+                continue
+            unit = m.node
+            models = attrs | self._aliases(unit, attrs)
+            own = {k: v for k, v in helpers.items() if v is not m}
+            self._wrap_inline_evaluations(module, unit, models, self._autocast_enabled(module, m, carrier),
+                                          None, own)
+
+    @staticmethod
+    def _runs_only(m, attrs: Set[str], methods, depth: int = 0) -> bool:
+        """Method ``m`` runs the model (``self.model(x)``, or through another method of the class
+        that does) and trains nothing; and none of them evaluates on its own (``with
+        torch.no_grad():`` or ``self.model.eval()`` inside): the pass over that method wraps its
+        forwards itself, and a region around the call would nest another."""
+        body = list(walk(m.node, into_functions=True))
+        if any(method_call(x, "backward", "step", "zero_grad") for x in body):
+            return False
+        if any(isinstance(x, ast.withitem) and _quiet(x) for x in body) or any(
+                isinstance(x, ast.Call) and method_call(x, "eval") and dotted(x.func.value) in attrs for x in body):
+            return False
+        if any(calls_model(x, attrs) for x in body):
+            return True
+        if depth >= 2:
+            return False
+        by_name = {"self." + o.node.name: o for o in methods if o is not m}
+        return any(isinstance(x, ast.Call) and dotted(x.func) in by_name and
+                   EvaluationRewrites._runs_only(by_name[dotted(x.func)], attrs, methods, depth + 1) for x in body)
 
     def _partials(self, module, caller, unit, models: Set[str]) -> Dict[str, tuple]:
         """Locals bound once, to ``functools.partial(f, ..., model=model)`` with ``f`` a project
@@ -312,6 +382,20 @@ def _quiet(item: ast.withitem) -> bool:
     """``with torch.no_grad():`` / ``torch.inference_mode()``."""
     return isinstance(item.context_expr, ast.Call) and \
         (dotted(item.context_expr.func) or "").split(".")[-1] in ("no_grad", "inference_mode")
+
+
+def _twin_branches(owner, st) -> bool:
+    """``st`` is the whole of one branch of the ``if`` ``owner``, and the other branch is one
+    statement too, that assigns the same names from a call that computes, with no call in the test
+    (``if self.ema: preds = self.ema.module(batch) else: preds = self.model(batch)``)."""
+    if not isinstance(owner, ast.If) or len(owner.body) != 1 or len(owner.orelse) != 1:
+        return False
+    other = owner.orelse[0] if owner.body[0] is st else owner.body[0] if owner.orelse[0] is st else None
+    if not (isinstance(other, ast.Assign) and isinstance(st, ast.Assign) and isinstance(other.value, ast.Call)):
+        return False
+    if any(isinstance(x, ast.Call) for x in ast.walk(owner.test)):
+        return False
+    return assigned(other) == assigned(st) and not method_call(other.value, "cpu", "numpy", "item", "tolist")
 
 
 def _deferred(f, params: Set[str]) -> bool:

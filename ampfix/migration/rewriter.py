@@ -42,8 +42,8 @@ class Rewriter:
                 # `with autocast(): a = evaluate(x)` / `with autocast(): b = evaluate(y)` is one
                 # region; regions that may hold a step stay apart: autocast's cache of cast weights
                 # lasts until its region ends, and a step between two forwards would make it stale
-                if merged and (i <= merged[-1][1] or (ev and merged[-1][3] and i == merged[-1][1] + 1
-                                                      and h == merged[-1][2])):
+                if merged and (i <= merged[-1][1] or (ev and merged[-1][3] and h == merged[-1][2]
+                                                      and _only_plain_between(block, merged[-1][1], i, bf16(self.s)))):
                     pi, pj, ph, pev = merged[-1]
                     merged[-1] = (pi, max(pj, j), ph, pev and ev)
                 else:
@@ -588,3 +588,19 @@ def _off_the_apex_path(node, region, code) -> bool:
                 return True
         child, p = p, getattr(p, "_p", None)
     return False
+
+
+def _only_plain_between(block, j: int, i: int, bfloat16: bool) -> bool:
+    """Two evaluation regions of a block, the first ending at ``j`` and the next starting at ``i``,
+    with nothing between them, or at most two plain statements (assignments, expressions; no
+    control flow: ``pred = torch.sigmoid(logit).cpu().numpy()`` between the forward and the loss):
+    one region reads better than two a line apart, and the statements between ran in half
+    precision under apex too.  With bfloat16 only regions that touch join (a statement between
+    may hand a tensor to numpy, which has no bfloat16)."""
+    between = block[j + 1:i]
+    if bfloat16 and between:
+        return False
+    return i > j and len(between) <= 2 and all(
+        isinstance(x, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)) and not any(
+            isinstance(y, (ast.Yield, ast.YieldFrom, ast.Await, ast.Lambda)) for y in ast.walk(x)) for x in between)
+
