@@ -185,3 +185,13 @@ def test_two_forwards_a_line_apart_share_one_region(tmp_path: Path):
     (tmp_path / "trainer.py").unlink()
     out = migrated(tmp_path, {"trainer.py": src}, "trainer.py", "--dtype", "bfloat16")
     assert "                out = self.model(x)\n            prob = torch.sigmoid(out).cpu()\n" in out, out
+
+
+def test_a_statement_that_only_calls_keeps_two_regions_apart(tmp_path: Path):
+    # `torch.save(...)` between two evaluations: the file is written outside autocast
+    old = "            out = self.model(x)\n            best = out.argmax(1)\n"
+    src = TRAINER.replace(old, "            out = self.model(x)\n            torch.save(out, 'out.pt')\n"
+                               "            again = self.model(x)\n            best = out.argmax(1)\n")
+    out = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
+    assert "                out = self.model(x)\n            torch.save(out, 'out.pt')\n" in out, out
+    assert out.count("torch.autocast(") == 4, out

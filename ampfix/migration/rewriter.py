@@ -592,8 +592,9 @@ def _off_the_apex_path(node, region, code) -> bool:
 
 def _only_plain_between(block, j: int, i: int, bfloat16: bool) -> bool:
     """Two evaluation regions of a block, the first ending at ``j`` and the next starting at ``i``,
-    with nothing between them, or at most two plain statements (assignments, expressions; no
-    control flow: ``pred = torch.sigmoid(logit).cpu().numpy()`` between the forward and the loss):
+    with nothing between them, or at most two assignments (no control flow, no statement that
+    only calls, such as a ``torch.save`` or a ``print``: ``pred = torch.sigmoid(logit).cpu().numpy()``
+    between the forward and the loss):
     one region reads better than two a line apart, and the statements between ran in half
     precision under apex too.  With bfloat16 only regions that touch join (a statement between
     may hand a tensor to numpy, which has no bfloat16)."""
@@ -601,6 +602,6 @@ def _only_plain_between(block, j: int, i: int, bfloat16: bool) -> bool:
     if bfloat16 and between:
         return False
     return i > j and len(between) <= 2 and all(
-        isinstance(x, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)) and not any(
+        isinstance(x, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and not any(
             isinstance(y, (ast.Yield, ast.YieldFrom, ast.Await, ast.Lambda)) for y in ast.walk(x)) for x in between)
 
