@@ -163,9 +163,9 @@ def test_a_model_chosen_by_a_test_goes_under_autocast_whole(tmp_path: Path):
              "                else:\n                    pred = self.model(data[0])\n"
              "                loss = torch.nn.functional.mse_loss(pred, data[1])\n")
     out = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
-    assert f"            for data in loader:\n                {REGION}\n                    if self.ema is not None:\n" \
-           "                        pred = self.ema(data[0])\n                    else:\n" \
-           "                        pred = self.model(data[0])\n" \
+    assert f"            for data in loader:\n                {REGION}\n" \
+           "                    if self.ema is not None:\n                        pred = self.ema(data[0])\n" \
+           "                    else:\n                        pred = self.model(data[0])\n" \
            "                    loss = torch.nn.functional.mse_loss(pred, data[1])\n" \
            "                total.append(loss)\n" in out, out
 

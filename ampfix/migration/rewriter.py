@@ -604,4 +604,3 @@ def _only_plain_between(block, j: int, i: int, bfloat16: bool) -> bool:
     return i > j and len(between) <= 2 and all(
         isinstance(x, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and not any(
             isinstance(y, (ast.Yield, ast.YieldFrom, ast.Await, ast.Lambda)) for y in ast.walk(x)) for x in between)
-
