@@ -31,6 +31,9 @@ ENTRIES = {
     # a trainer class set up in __init__ on self.model: its evaluation loop (through the step method
     # it shares with training) and its prediction method run under autocast, as apex ran them
     "trainer_eval": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "1", "--opt-level", "O0"]],
+    # a loader that initializes apex for sampling with an optimizer made only for it, and returns the
+    # model with its settings: the optimizer goes, the caller's sampling runs under autocast
+    "inference_loader": [["generate.py"], ["generate.py", "--fp16"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says

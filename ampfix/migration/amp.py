@@ -377,7 +377,16 @@ class AmpPlanner:
             if returned:
                 targets = [(self._returned_through(f, s.stmt, t, returned) or t) if t and t not in returned else t
                            for t in targets]
+                if self._optimizer_left_behind(s, f, targets, returned, bad):
+                    # `return model, config` after initializing for inference with an optimizer
+                    # made only for apex: the callers get the model alone, and evaluate with it
+                    targets = [targets[0], None]
             if not returned or not all(t in returned for t in targets if t):
+                if self._reached_by_no_caller(s, f, bad):
+                    # `if optimizer is None:` ... `if teacher is None:` ... `else:` initialize
+                    # the teacher too: no caller in the project takes that branch, so it goes
+                    s.exported = True
+                    s.moved_to = []
                 out.append(s)
                 continue
             sites = self.p.callers(f)
@@ -623,13 +632,25 @@ class AmpPlanner:
     def _not_this_callers(self, s: Seed, f, cs) -> bool:
         """The seed runs only where a parameter is None (``if optimizer is None: model =
         amp.initialize(model, ...)``, the setup's inference path) and this call hands it an
-        optimizer that torch made, or only where it is not None and this call hands it None:
-        the seed never runs for this caller."""
+        optimizer that torch made, or only where it is not None and this call hands it None
+        (or leaves it at a default of None): the seed never runs for this caller."""
+        spread = any(isinstance(a, ast.Starred) for a in cs.node.args) or any(k.arg is None for k in cs.node.keywords)
+        defaults = param_defaults(f.node.args)
         for _, param, wants_none in none_tests(s.stmt, f):
             given = cs.argument(param)
+            if given is None and not spread:
+                given = defaults.get(param)
             if (wants_none and self._an_optimizer(cs, given)) or (not wants_none and is_const(given, None)):
                 return True
         return False
+
+    def _reached_by_no_caller(self, s: Seed, f, bad) -> bool:
+        """An inference seed under tests of parameters against None that no call of ``f`` in the
+        project passes (:meth:`_not_this_callers`); ``f`` is not used other than by calling it."""
+        if s.idx in bad or s.training or not none_tests(s.stmt, f):
+            return False
+        sites = self.p.callers(f)
+        return bool(sites) and not self.p.references(f) and all(self._not_this_callers(s, f, cs) for cs in sites)
 
     @staticmethod
     def _assigned_values(unit, name: str, skip=None) -> Optional[List[ast.expr]]:
@@ -775,6 +796,21 @@ class AmpPlanner:
                 if not under:
                     raise Refuse(why)
         s.unpack = nxt
+
+    @staticmethod
+    def _optimizer_left_behind(s: Seed, f, targets, returned, bad) -> bool:
+        """An inference seed (``model, optimizer = amp.initialize(model, optimizer)`` where nothing
+        trains: :meth:`_never_trains`) in a loader that returns the model but not the optimizer,
+        which nothing reads after the seed: the optimizer was made for apex alone."""
+        if s.idx in bad or s.training or len(targets) != 2 or not targets[0] or targets[0] not in returned:
+            return False
+        opt = targets[1]
+        if not opt or opt in returned or "." in opt or not isinstance(s.models, ast.Name) or not (
+                isinstance(s.optimizers, ast.Name) and s.optimizers.id == opt):
+            return False
+        end = s.stmt.end_lineno
+        return not any(isinstance(n, ast.Name) and n.id == opt and isinstance(n.ctx, ast.Load) and n.lineno > end
+                       for n in walk(f.node, into_functions=True))
 
     @staticmethod
     def _never_trains(s: Seed) -> bool:

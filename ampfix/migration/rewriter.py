@@ -317,6 +317,34 @@ def _same_global(name: str, orig, cs) -> bool:
     return at is not None and sem.resolve(name, at) is sem.module_scope
 
 
+def constant_local(f, name: str, before: ast.stmt) -> Optional[ast.Constant]:
+    """``fp16_opt_level = 'O1'`` in ``f`` before ``before``, in its block or a block around it: the
+    constant a local name is bound to, where that one plain assignment is the only binding of the
+    name in ``f`` (not a parameter, not global or nonlocal, not imported)."""
+    if name in f.positional or name in f.kwonly or name in (f.node.args.vararg and f.node.args.vararg.arg,
+                                                            f.node.args.kwarg and f.node.args.kwarg.arg):
+        return None
+    stores = []
+    for n in walk(f.node, into_functions=True):
+        if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load):
+            stores.append(n)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
+            return None
+        elif isinstance(n, (ast.Import, ast.ImportFrom)) and name in {
+                (a.asname or a.name).split(".")[0] for a in n.names}:
+            return None
+    if len(stores) != 1:
+        return None
+    st = getattr(stores[0], "_p", None)
+    if not (isinstance(st, ast.Assign) and st.targets == [stores[0]] and isinstance(st.value, ast.Constant)
+            and isinstance(st.value.value, (str, int, float, bool)) and st.lineno < before.lineno):
+        return None
+    _, _, block = block_of(st)
+    if not any(x is before or any(x is a for a in ancestors_stmts(before, f.node)) for x in block):
+        return None
+    return st.value
+
+
 def substitute(text: str, orig, cs) -> str:
     """An expression over the parameters of the seed's function, said with the call's arguments
     (or the parameters' defaults); a name that is neither refuses.  What nothing folds keeps the
@@ -339,6 +367,9 @@ def substitute(text: str, orig, cs) -> str:
                 return ast.parse(src, mode="eval").body
             if _same_global(node.id, orig, cs):
                 return node
+            const = constant_local(f, node.id, orig.stmt)
+            if const is not None:
+                return ast.copy_location(ast.Constant(const.value), node)
             raise Refuse(f"amp.initialize in `{f.qualname}` depends on `{node.id}`, which its callers cannot see")
 
     new = Sub().visit(tree)

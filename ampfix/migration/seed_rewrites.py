@@ -16,7 +16,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, enclosing_function, walk
-from ampfix.migration.rewriter import quoted_as, returns_after, substitute
+from ampfix.migration.rewriter import constant_local, quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
@@ -142,6 +142,8 @@ class SeedRewrites:
         """The seed of a ``setup()`` moved to its callers: here initialize goes (its targets are
         its arguments) and the function returns the model and optimizer as they are."""
         self._initialize_goes(s)
+        if not s.training:
+            self._optimizer_made_for_apex_goes(s)
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: its callers set up native AMP where they "
                        "call it")
 
@@ -234,6 +236,9 @@ class SeedRewrites:
         pure = False
         level = kws.get("opt_level")
         code = s.module.src.code
+        if isinstance(level, ast.Name) and s.func is not None:
+            # `fp16_opt_level = 'O1'` just before: the level is that literal
+            level = constant_local(s.func, level.id, s.stmt) or level
         if level is None:
             notes.add("opt_level defaulted to O1")
         elif string_value(level) is not None:

@@ -1,0 +1,197 @@
+"""Forty-fifth round: what the public code of this round showed.
+
+1. A loader for sampling (``getModel(path, fp16)`` in a generation service) that sets apex up
+   with an optimizer made only for it (``optimizer = AdamW(model.parameters(), lr=0.1)``; nothing
+   trains) and returns the model with its settings, not the optimizer: the seed moves to the
+   callers, as for a setup that returns both, and the caller's forward passes run under autocast;
+   the optimizer goes with the initialize.  The opt level set as a local constant just before
+   (``fp16_opt_level = 'O1'``) is that literal, in the callers' terms too.
+2. A setup whose inference path initializes a teacher beside the model
+   (``if optimizer is None: if teacher is None: ... else: model, teacher =
+   amp.initialize([model, teacher], optimizer)``) where no caller takes that branch: the
+   training callers pass an optimizer, the evaluation callers pass none and no teacher (the
+   parameter's default, None).  That initialize goes with the others; before, it stopped the
+   whole project ("nothing uses the model after amp.initialize").
+"""
+import textwrap
+
+from test_round17_shapes import migrated, run, write
+
+LOADER = textwrap.dedent('''\
+    import torch
+
+
+    def load(path, fp16=False):
+        config = {"length": 4}
+        model = torch.nn.Linear(4, 4)
+        model.load_state_dict(torch.load(path))
+        model.cuda()
+        model.eval()
+        if fp16:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+            from apex import amp
+            fp16_opt_level = 'O1'
+            model, optimizer = amp.initialize(model, optimizer, opt_level=fp16_opt_level)
+        return model, config
+''')
+
+SAMPLE = textwrap.dedent('''\
+    import torch
+
+    from loader import load
+
+
+    def main(path, fp16):
+        model, config = load(path, fp16=fp16)
+        for _ in range(config["length"]):
+            print(model(torch.ones(1, 4, device="cuda")))
+''')
+
+
+def test_loader_with_an_optimizer_for_apex_alone_moves_to_its_caller(tmp_path):
+    loader = migrated(tmp_path, {"loader.py": LOADER, "sample.py": SAMPLE}, "loader.py")
+    sample = (tmp_path / "sample.py").read_text()
+    # the optimizer, the import, the constant and the initialize all go: nothing of apex is left
+    assert "if fp16:" not in loader and "optimizer" not in loader and "apex" not in loader
+    assert "    model.eval()\n    return model, config\n" in loader
+    # the level was a literal: no `'O1' != 'O0'` in the caller
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(fp16)):\n' \
+           "            print(model(" in sample
+    compile(sample, "sample.py", "exec")
+    again = run(tmp_path)
+    assert again.exit_code == 0 and "Would rewrite 0 files" in again.output
+
+
+def test_loader_whose_optimizer_is_read_afterwards_is_not_moved(tmp_path):
+    # the optimizer is handed on (printed): it was not made for apex alone; the seed stays refused
+    src = LOADER.replace("    return model,", "    print(optimizer)\n    return model,")
+    write(tmp_path, {"loader.py": src, "sample.py": SAMPLE})
+    out = run(tmp_path)
+    assert "loader.py: not rewritten" in out.output
+    assert "is never used with amp.scale_loss" in out.output
+
+
+def test_constant_level_before_a_local_seed_is_read_as_the_literal(tmp_path):
+    src = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        def main(fp16):
+            model = torch.nn.Linear(4, 4).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            if fp16:
+                level = "O2"
+                model, opt = amp.initialize(model, opt, opt_level=level)
+            for _ in range(3):
+                loss = model(torch.ones(2, 4, device="cuda")).sum()
+                if fp16:
+                    with amp.scale_loss(loss, opt) as scaled:
+                        scaled.backward()
+                else:
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+    ''')
+    out = migrated(tmp_path, {"t.py": src}, "t.py")
+    assert 'scaler = torch.amp.GradScaler("cuda")\n' in out and "level" not in out
+    assert "scaler.scale(loss).backward()" in out
+
+
+def test_constant_level_reassigned_or_a_parameter_is_not_a_literal(tmp_path):
+    # bound twice (a default, then under a condition): not a constant; the scaler reads the name
+    src = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        def main(fp16, fast):
+            model = torch.nn.Linear(4, 4).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            level = "O1"
+            if fast:
+                level = "O0"
+            model, opt = amp.initialize(model, opt, opt_level=level)
+            loss = model(torch.ones(2, 4, device="cuda")).sum()
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+            opt.step()
+    ''')
+    out = migrated(tmp_path, {"t.py": src}, "t.py")
+    assert 'enabled=level != "O0"' in out
+
+
+SETUP = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def setup(model, optimizer, fp16=False, level="O1", teacher=None):
+        model.cuda()
+        if fp16:
+            if optimizer is None:
+                if teacher is None:
+                    model = amp.initialize(model, optimizer, opt_level=level)
+                else:
+                    model, teacher = amp.initialize([model, teacher], optimizer, opt_level=level)
+            else:
+                model, optimizer = amp.initialize(model, optimizer, opt_level=level)
+        return model, optimizer
+''')
+
+TRAIN = textwrap.dedent('''\
+    import torch
+
+    from setup import setup
+
+
+    def main(fp16):
+        model = torch.nn.Linear(4, 2)
+        teacher = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = setup(model, optimizer, fp16, teacher=teacher)
+        for _ in range(3):
+            x = torch.ones(8, 4, device="cuda")
+            with torch.no_grad():
+                target = teacher(x)
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            if fp16:
+                from apex import amp
+                with amp.scale_loss(loss, optimizer) as scaled:
+                    scaled.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+''')
+
+EVALUATE = textwrap.dedent('''\
+    import torch
+
+    from setup import setup
+
+
+    def main(fp16):
+        model = torch.nn.Linear(4, 2)
+        model, _ = setup(model, None, fp16)
+        print(model(torch.ones(8, 4, device="cuda")).dtype)
+''')
+
+
+def test_teacher_branch_no_caller_takes_goes_with_the_setup(tmp_path):
+    setup = migrated(tmp_path, {"setup.py": SETUP, "train.py": TRAIN, "evaluate.py": EVALUATE}, "setup.py")
+    train = (tmp_path / "train.py").read_text()
+    evaluate = (tmp_path / "evaluate.py").read_text()
+    assert "amp" not in setup and "return model, optimizer" in setup
+    assert 'scaler = torch.amp.GradScaler("cuda", enabled=bool(fp16))' in train
+    assert "scaler.scale(loss).backward()" in train
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(fp16)):\n        print(model(' in evaluate
+
+
+def test_teacher_branch_a_caller_takes_stays_refused(tmp_path):
+    # an evaluation that hands a teacher in takes the branch: the teacher's initialize is not
+    # returned to it, so that setup stays as it is, with its reason
+    ev = EVALUATE.replace("setup(model, None, fp16)", "setup(model, None, fp16, teacher=torch.nn.Linear(4, 2))")
+    write(tmp_path, {"setup.py": SETUP, "train.py": TRAIN, "evaluate.py": ev})
+    out = run(tmp_path)
+    assert "setup.py: not rewritten" in out.output and "train.py: not rewritten" in out.output
