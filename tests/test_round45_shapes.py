@@ -12,6 +12,10 @@
    training callers pass an optimizer, the evaluation callers pass none and no teacher (the
    parameter's default, None).  That initialize goes with the others; before, it stopped the
    whole project ("nothing uses the model after amp.initialize").
+3. An evaluation whose forward is the whole body of a ``with torch.no_grad():`` and whose loss is
+   computed right after that block (``loss = self.criterion(output, target)``, an architecture
+   search trainer): autocast joined the ``with`` and left the loss outside, in float16 on the
+   half-precision output, where apex O1 ran it in float32.  The region takes the loss too.
 """
 import textwrap
 
@@ -195,3 +199,48 @@ def test_teacher_branch_a_caller_takes_stays_refused(tmp_path):
     write(tmp_path, {"setup.py": SETUP, "train.py": TRAIN, "evaluate.py": ev})
     out = run(tmp_path)
     assert "setup.py: not rewritten" in out.output and "train.py: not rewritten" in out.output
+
+
+EVALUATION = textwrap.dedent('''\
+    import torch
+    import torch.nn.functional as F
+    from apex import amp
+
+
+    def main(loader, val):
+        model = torch.nn.Linear(4, 3).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = amp.initialize(model, opt, opt_level="O1")
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        total = 0.0
+        for x, y in val:
+            with torch.no_grad():
+                out = model(x)
+            loss = F.cross_entropy(out, y)
+            total += loss.item()
+        return total
+''')
+
+
+def test_loss_after_a_no_grad_evaluation_joins_its_region(tmp_path):
+    out = migrated(tmp_path, {"t.py": EVALUATION}, "t.py")
+    assert textwrap.indent(textwrap.dedent('''\
+        with torch.autocast("cuda", dtype=torch.float16):
+            with torch.no_grad():
+                out = model(x)
+            loss = F.cross_entropy(out, y)
+        total += loss.item()
+    '''), "        ") in out
+
+
+def test_no_grad_evaluation_without_a_loss_after_it_joins_the_with(tmp_path):
+    src = EVALUATION.replace("        loss = F.cross_entropy(out, y)\n        total += loss.item()\n",
+                             "        total += out.sum().item()\n")
+    out = migrated(tmp_path, {"t.py": src}, "t.py")
+    assert 'with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):\n            out = model(x)\n' in out

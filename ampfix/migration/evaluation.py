@@ -179,10 +179,14 @@ class EvaluationRewrites:
                 j += 1
                 made |= assigned(block[j])
             while i == 0 and j == len(block) - 1 and owner is not unit and self._no_grad_with(owner) is owner:
-                # the whole body of a `with torch.no_grad():`: autocast joins that `with`
+                # the whole body of a `with torch.no_grad():`: autocast joins that `with`, and the
+                # loss computed from its output right after it (apex's casting reached it too)
                 st = owner
                 owner, field, block = block_of(st)
                 i = j = next(k for k, x in enumerate(block) if x is st)
+                while j + 1 < len(block) and loss_from(block[j + 1], made):
+                    j += 1
+                    made |= assigned(block[j])
             self._add_region(module, block, i, j, autocast_call(self.s, cond), evaluation=True)
             self.notes.add("the evaluation after amp.initialize ran the model in half precision under apex: "
                            "its forward runs under autocast")
