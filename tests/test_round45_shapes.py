@@ -244,3 +244,35 @@ def test_no_grad_evaluation_without_a_loss_after_it_joins_the_with(tmp_path):
                              "        total += out.sum().item()\n")
     out = migrated(tmp_path, {"t.py": src}, "t.py")
     assert 'with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):\n            out = model(x)\n' in out
+
+
+def test_loader_that_also_evaluates_keeps_its_regions_in_place(tmp_path):
+    # the function runs the model after the seed (an evaluation) and returns it with its results:
+    # the seed stays where it is, with the evaluation under autocast there (a level the callers
+    # cannot see does not matter then)
+    src = textwrap.dedent('''\
+        import torch
+        from apex import amp
+
+
+        def run(model, loader):
+            return [model(x) for x in loader]
+
+
+        def execute_test(cfg, loader):
+            model = torch.nn.Linear(4, 4).cuda()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            level = "O1" if cfg.fp16 else "O0"
+            model, optimizer = amp.initialize(model, optimizer, opt_level=level)
+            results = run(model, loader)
+            return model, results
+
+
+        def main(cfg, loader):
+            _, results = execute_test(cfg, loader)
+            print(len(results))
+    ''')
+    out = migrated(tmp_path, {"t.py": src}, "t.py")
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=level != "O0"):\n' \
+           "        results = run(model, loader)\n" in out
+    assert "def main(cfg, loader):\n    _, results = execute_test(cfg, loader)\n" in out

@@ -801,7 +801,8 @@ class AmpPlanner:
     def _optimizer_left_behind(s: Seed, f, targets, returned, bad) -> bool:
         """An inference seed (``model, optimizer = amp.initialize(model, optimizer)`` where nothing
         trains: :meth:`_never_trains`) in a loader that returns the model but not the optimizer,
-        which nothing reads after the seed: the optimizer was made for apex alone."""
+        which nothing reads after the seed (the optimizer was made for apex alone), and that
+        reads the model after it only to return it."""
         if s.idx in bad or s.training or len(targets) != 2 or not targets[0] or targets[0] not in returned:
             return False
         opt = targets[1]
@@ -809,8 +810,14 @@ class AmpPlanner:
                 isinstance(s.optimizers, ast.Name) and s.optimizers.id == opt):
             return False
         end = s.stmt.end_lineno
-        return not any(isinstance(n, ast.Name) and n.id == opt and isinstance(n.ctx, ast.Load) and n.lineno > end
-                       for n in walk(f.node, into_functions=True))
+        if any(isinstance(n, ast.Name) and n.id == opt and isinstance(n.ctx, ast.Load) and n.lineno > end
+               for n in walk(f.node, into_functions=True)):
+            return False
+        # the loader only hands the model back: where it also runs it (an evaluation after the
+        # setup), the regions are there, with the seed where it is
+        returns = {id(n) for r in walk(f.node) if isinstance(r, ast.Return) for n in walk(r)}
+        return not any(isinstance(n, ast.Name) and n.id == targets[0] and isinstance(n.ctx, ast.Load)
+                       and n.lineno > end and id(n) not in returns for n in walk(f.node, into_functions=True))
 
     @staticmethod
     def _never_trains(s: Seed) -> bool:
