@@ -34,6 +34,8 @@ ENTRIES = {
     # a loader that initializes apex for sampling with an optimizer made only for it, and returns the
     # model with its settings: the optimizer goes, the caller's sampling runs under autocast
     "inference_loader": [["generate.py"], ["generate.py", "--fp16"]],
+    # validation whose loss is computed right after the no_grad block of its forward: both in the region
+    "eval_loss_after": [["train.py", "--epochs", "1", "--batches", "3"], ["train.py", "--epochs", "1", "--opt-level", "O0"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says
