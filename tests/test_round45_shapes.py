@@ -16,6 +16,13 @@
    computed right after that block (``loss = self.criterion(output, target)``, an architecture
    search trainer): autocast joined the ``with`` and left the loss outside, in float16 on the
    half-precision output, where apex O1 ran it in float32.  The region takes the loss too.
+4. A worker that picks its training function by name (``globals().get("train_" +
+   args.target)(args, gpu_id, rank, loader, model, optimizer, scheduler)``, the pre-training
+   trainer of UER-py's older releases and the projects built on it), each ``train_*`` scaling the
+   loss through ``args.amp``: that call is a call of each module-level function it may pick (the
+   name's prefix or suffix, and parameters that take its arguments: ``train_and_validate(args)``
+   is not one), so the scaler goes to all of them, passed once; where one of them does not train
+   with the optimizer, the migration refuses with the line of the call.
 """
 import textwrap
 
@@ -276,3 +283,74 @@ def test_loader_that_also_evaluates_keeps_its_regions_in_place(tmp_path):
     assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=level != "O0"):\n' \
            "        results = run(model, loader)\n" in out
     assert "def main(cfg, loader):\n    _, results = execute_test(cfg, loader)\n" in out
+
+
+DISPATCH = textwrap.dedent('''\
+    import torch
+
+
+    def train_and_validate(args):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if args.fp16:
+            from apex import amp
+            model, optimizer = amp.initialize(model, optimizer, opt_level=args.fp16_opt_level)
+            args.amp = amp
+        globals().get("train_" + args.target)(args, model, optimizer)
+
+
+    def train_mlm(args, model, optimizer):
+        for _ in range(3):
+            loss = model(torch.ones(2, 4, device="cuda")).sum()
+            if args.fp16:
+                with args.amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+    def train_cls(args, model, optimizer):
+        for _ in range(3):
+            loss = model(torch.ones(2, 4, device="cuda")).mean()
+            if args.fp16:
+                with args.amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+''')
+
+
+def test_training_function_picked_by_name_from_globals_gets_the_scaler(tmp_path):
+    out = migrated(tmp_path, {"trainer.py": DISPATCH}, "trainer.py")
+    assert out.count("scaler=scaler") == 1
+    assert 'globals().get("train_" + args.target)(args, model, optimizer, scaler=scaler)' in out
+    assert "def train_mlm(args, model, optimizer, *, scaler):" in out
+    assert "def train_cls(args, model, optimizer, *, scaler):" in out
+    assert "def train_and_validate(args):" in out and out.count("scaler.scale(loss).backward()") == 2
+    assert "apex" not in out and "args.amp" not in out
+    compile(out, "trainer.py", "exec")
+
+
+def test_function_picked_by_name_that_does_not_train_refuses(tmp_path):
+    src = DISPATCH + textwrap.dedent('''\
+
+
+        def train_probe(args, model, optimizer):
+            print(model(torch.ones(2, 4, device="cuda")))
+    ''')
+    write(tmp_path, {"trainer.py": src})
+    out = run(tmp_path)
+    assert "trainer.py: not rewritten" in out.output
+    assert "picks its function by name from globals(): `train_probe`" in out.output
+
+
+def test_function_picked_from_globals_by_an_f_string_suffix(tmp_path):
+    src = DISPATCH.replace('globals().get("train_" + args.target)', 'globals()[f"{args.target}_train"]')
+    src = src.replace("def train_mlm(", "def mlm_train(").replace("def train_cls(", "def cls_train(")
+    out = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
+    assert 'globals()[f"{args.target}_train"](args, model, optimizer, scaler=scaler)' in out
+    assert "def mlm_train(args, model, optimizer, *, scaler):" in out

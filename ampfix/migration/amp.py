@@ -893,6 +893,8 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         self.scaled: Dict[object, Set[str]] = {}  # function key -> optimizer expressions scaled there
         self.backward_sites: Dict[object, List[ast.stmt]] = {}
         self.param_added: Set[object] = set()
+        #: globals() dispatch calls handed the scaler: id -> (module, call)
+        self.dispatch_passed: Dict[int, tuple] = {}
         self.default_made: Set[int] = set()
         self.must_default: Set[int] = set()
         self.steps_of: Dict[object, List[ast.Call]] = {}  # function key -> the steps converted there

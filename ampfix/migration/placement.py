@@ -7,6 +7,7 @@ import ast
 from typing import Dict, List, Optional, Set
 
 from ampfix.migration.flow import ancestors_stmts, code_body, dominates, stmt_of
+from ampfix.migration.groups import Refuse
 from ampfix.migration.rewriter import insert_edit
 from ampfix.migration.spell import scaler_call
 from ampfix.migration.seeds import Carrier, Seed
@@ -362,6 +363,18 @@ class CarrierRewrites:
                 if rename and cs.argument(rename) is not None:
                     continue  # the argument is apex's amp: its own rewrite passes the scaler
                 self._pass(cs, cc.expr)
+        self._dispatches_agree()
+
+    def _dispatches_agree(self) -> None:
+        """A ``globals()["train_" + args.target](...)`` call that now passes the scaler calls
+        whichever function of that name the run picks: each must take it."""
+        for module, node in self.dispatch_passed.values():
+            targets = self.p.dispatch_targets(module, node)
+            missing = [f for f in targets if id(f.node) not in self.param_added]
+            if missing:
+                raise Refuse(f"the call at {module.path} line {node.lineno} picks its function by name from globals(): "
+                             f"`{missing[0].qualname}`, one it may pick, does not train with this optimizer; pass "
+                             "the scaler there by hand")
 
     def _made_as(self, entry) -> str:
         """What a caller of a library entry passes, where every scaled backward in it ran under one
@@ -417,6 +430,11 @@ class CarrierRewrites:
         add_keyword_param(self.fc(f.module), f, self.name)
 
     def _pass(self, cs, expr: str) -> None:
+        if self.p.dispatch_targets(cs.module, cs.node):
+            # one call that picks its function by name: the argument once, for all of them
+            if id(cs.node) in self.dispatch_passed:
+                return
+            self.dispatch_passed[id(cs.node)] = (cs.module, cs.node)
         fc = self.fc(cs.module)
         fc.edits.append(fc.b.insert_arg(cs.node, f"{self.name}={expr}"))
         self.g.anchors.setdefault(cs.module.path, []).append(

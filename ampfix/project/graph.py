@@ -105,6 +105,62 @@ def _choices(e: ast.AST) -> List[ast.AST]:
     return [*_choices(e.body), *_choices(e.orelse)] if isinstance(e, ast.IfExp) else [e]
 
 
+def _dispatch_pattern(call: ast.Call) -> Optional[Tuple[str, str]]:
+    """``globals()["train_" + args.target](...)`` / ``globals().get("train_" + kind)(...)``: a call
+    of the module's own function picked by name at run time, a constant prefix (or suffix, or
+    both, an f-string's) around what picks it: (prefix, suffix); None for any other call."""
+    f = call.func
+    key = None
+    if isinstance(f, ast.Subscript) and _is_globals(f.value):
+        key = f.slice
+    elif isinstance(f, ast.Call) and isinstance(f.func, ast.Attribute) and f.func.attr == "get" and \
+            _is_globals(f.func.value) and len(f.args) == 1 and not f.keywords:
+        key = f.args[0]
+    if key is None:
+        return None
+    pre = suf = ""
+    if isinstance(key, ast.BinOp) and isinstance(key.op, ast.Add):
+        if isinstance(key.left, ast.Constant) and isinstance(key.left.value, str):
+            pre = key.left.value
+        if isinstance(key.right, ast.Constant) and isinstance(key.right.value, str):
+            suf = key.right.value
+        if bool(pre) == bool(suf):
+            return None
+    elif isinstance(key, ast.JoinedStr) and key.values:
+        vals = key.values
+        if isinstance(vals[0], ast.Constant):
+            pre = vals[0].value
+        if isinstance(vals[-1], ast.Constant) and len(vals) > 1:
+            suf = vals[-1].value
+        if len([v for v in vals if isinstance(v, ast.FormattedValue)]) != 1 or not (pre or suf):
+            return None
+    else:
+        return None
+    return pre, suf
+
+
+def _accepts(a: ast.arguments, call: ast.Call) -> bool:
+    """Whether a function with the parameters ``a`` can take the arguments of ``call`` (its
+    positional count, its keywords); a call that spreads ``*x`` / ``**x`` is taken as fitting."""
+    if any(isinstance(x, ast.Starred) for x in call.args) or any(k.arg is None for k in call.keywords):
+        return True
+    pos = [*getattr(a, "posonlyargs", []), *a.args]
+    if len(call.args) > len(pos) and a.vararg is None:
+        return False
+    named = {p.arg for p in [*a.args, *a.kwonlyargs]}
+    if a.kwarg is None and any(k.arg not in named for k in call.keywords):
+        return False
+    required = len(pos) - len(a.defaults)
+    given = len(call.args) + sum(1 for k in call.keywords if k.arg in {p.arg for p in pos[len(call.args):required]})
+    kw_required = {p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is None}
+    return given >= required and kw_required <= {k.arg for k in call.keywords}
+
+
+def _is_globals(e) -> bool:
+    return isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "globals" and \
+        not e.args and not e.keywords
+
+
 def _partial_calls(n) -> Optional[List[ast.Call]]:
     """``alias = partial(f, a, b)`` (``n`` is ``f``) in a function (or the module) whose every other
     use of ``alias`` calls it: those calls, which call ``f`` with ``a, b`` first; None otherwise
@@ -276,6 +332,7 @@ class Project:
         self._calls: Dict[int, List[CallSite]] = {}
         self._refs: Dict[int, List[ast.AST]] = {}
         self._indexed: Set[str] = set()
+        self._dispatch_done: Set[int] = set()
         for path, src in sources.items():
             self._add(path, src, editable=True)
 
@@ -821,12 +878,49 @@ class Project:
         self._index_function(f)
         return self._refs.get(id(f.node), [])
 
+    def dispatched(self, module: "Module") -> List[Tuple[ast.Call, str, str]]:
+        """The calls of ``module`` that pick one of its own functions by name from ``globals()``
+        (:func:`_dispatch_pattern`), each with its prefix and suffix."""
+        got = module.__dict__.get("_dispatched")
+        if got is None:
+            got = []
+            if "globals()" in module.src.text:
+                for n in walk(module.tree, into_functions=True):
+                    if isinstance(n, ast.Call):
+                        pat = _dispatch_pattern(n)
+                        if pat is not None:
+                            got.append((n, *pat))
+            module._dispatched = got
+        return got
+
+    def dispatch_targets(self, module: "Module", call: ast.Call) -> List[Function]:
+        """The module-level functions of ``module`` a dispatch call (:meth:`dispatched`) may pick."""
+        module.index()
+        for n, pre, suf in self.dispatched(module):
+            if n is call:
+                return [g for q, g in module.functions.items() if "." not in q and g.outer is None and g.cls is None
+                        and q.startswith(pre) and q.endswith(suf) and len(q) > len(pre) + len(suf)
+                        and _accepts(g.node.args, call)]
+        return []
+
+    def _index_dispatch(self, f: Function) -> None:
+        """``f`` (a module-level function) called by a ``globals()`` dispatch of its module."""
+        if f.cls is not None or f.outer is not None or "." in f.qualname:
+            return
+        sites = self._calls.setdefault(id(f.node), [])
+        for n, _, _ in self.dispatched(f.module):
+            if any(g is f for g in self.dispatch_targets(f.module, n)) and not any(c.node is n for c in sites):
+                sites.append(CallSite(n, f.module, f.module.function_of(n), f, False))
+
     def _index_function(self, f: Function) -> None:
         """Index the calls of ``f`` and the other uses of its name.  An ``__init__`` is also called
         by building a project subclass that has none of its own (``class AMPTrainer(SimpleTrainer)``
         built as ``AMPTrainer(model, loader, optimizer)``): those classes' names are indexed too, and
         naming the class as their base is no other use.  A subclass with an ``__init__`` of its own
         stays such a use (its ``super().__init__(...)`` is not followed)."""
+        if id(f.node) not in self._dispatch_done:
+            self._dispatch_done.add(id(f.node))
+            self._index_dispatch(f)
         names = [self._called_as(f)]
         seen: Set[str] = set()
         while names:
