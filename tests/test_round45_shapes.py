@@ -23,6 +23,10 @@
    name's prefix or suffix, and parameters that take its arguments: ``train_and_validate(args)``
    is not one), so the scaler goes to all of them, passed once; where one of them does not train
    with the optimizer, the migration refuses with the line of the call.
+5. A loader that initializes apex for inference only on CUDA (``if fp16 and 'cuda' in device:``,
+   ``device`` a local the loader picks): moved to the callers, that test of the device, which
+   they cannot see, says nothing to ``autocast("cuda")`` (it leaves the CPU's operations alone)
+   and goes; the caller's region is enabled by ``fp16`` alone.
 """
 import textwrap
 
@@ -354,3 +358,41 @@ def test_function_picked_from_globals_by_an_f_string_suffix(tmp_path):
     out = migrated(tmp_path, {"trainer.py": src}, "trainer.py")
     assert 'globals()[f"{args.target}_train"](args, model, optimizer, scaler=scaler)' in out
     assert "def mlm_train(args, model, optimizer, *, scaler):" in out
+
+
+DEVICE_LOADER = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def load_model(path, use_gpu, fp16=True):
+        if use_gpu:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            device = "cpu"
+        model = torch.nn.Linear(4, 2).to(device)
+        model.load_state_dict(torch.load(path))
+        if fp16 and "cuda" in device:
+            model = amp.initialize(model, opt_level="O2")
+        return model
+
+
+    def main(args):
+        model = load_model(args.path, args.use_gpu, args.fp16)
+        print(model(torch.ones(3, 4)).argmax(1))
+''')
+
+
+def test_device_test_the_callers_cannot_see_goes_from_the_moved_condition(tmp_path):
+    out = migrated(tmp_path, {"m.py": DEVICE_LOADER}, "m.py")
+    assert 'if fp16 and "cuda" in device:' not in out and "amp" not in out.replace("torch.amp", "")
+    assert 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):\n' \
+           "        print(model(" in out
+
+
+def test_device_test_under_or_still_refuses(tmp_path):
+    # `fp16 or "cuda" in device` is not a conjunct: nothing can drop it
+    src = DEVICE_LOADER.replace('if fp16 and "cuda" in device:', 'if fp16 or "cuda" in device:')
+    write(tmp_path, {"m.py": src})
+    out = run(tmp_path)
+    assert "depends on `device`, which its callers cannot see" in out.output

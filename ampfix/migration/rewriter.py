@@ -345,12 +345,59 @@ def constant_local(f, name: str, before: ast.stmt) -> Optional[ast.Constant]:
     return st.value
 
 
+def _tests_cuda(e) -> Optional[str]:
+    """``'cuda' in device`` / ``device == 'cuda'`` / ``device.type == 'cuda'`` /
+    ``str(device).startswith('cuda')``: the name whose device it tests, else None."""
+    def name_of(x):
+        if isinstance(x, ast.Attribute) and x.attr == "type":
+            x = x.value
+        if isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id == "str" and len(x.args) == 1:
+            x = x.args[0]
+        return x.id if isinstance(x, ast.Name) else None
+
+    if isinstance(e, ast.Compare) and len(e.ops) == 1:
+        left, right, op = e.left, e.comparators[0], e.ops[0]
+        if isinstance(op, ast.In) and isinstance(left, ast.Constant) and left.value == "cuda":
+            return name_of(right)
+        if isinstance(op, ast.Eq):
+            for a, b in ((left, right), (right, left)):
+                if isinstance(b, ast.Constant) and b.value == "cuda":
+                    return name_of(a)
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "startswith" and \
+            len(e.args) == 1 and isinstance(e.args[0], ast.Constant) and e.args[0].value == "cuda":
+        return name_of(e.func.value)
+    return None
+
+
+def _without_device_tests(body, f, orig, cs):
+    """``fp16 and 'cuda' in device`` where ``device`` is a local of the setup its callers cannot
+    see: a test that the device is CUDA, one of the conjuncts, says nothing to
+    ``autocast("cuda")`` (CUDA's autocast leaves the CPU's operations as they are) nor to
+    ``GradScaler("cuda")`` (it disables itself without CUDA): it goes."""
+    def hidden(e) -> bool:
+        name = _tests_cuda(e)
+        return name is not None and name not in f.positional and name not in f.kwonly and \
+            not _same_global(name, orig, cs)
+
+    if isinstance(body, ast.Call) and isinstance(body.func, ast.Name) and body.func.id == "bool" and \
+            len(body.args) == 1 and not body.keywords:
+        body.args[0] = _without_device_tests(body.args[0], f, orig, cs)
+        return body
+    if hidden(body):
+        return ast.copy_location(ast.Constant(True), body)
+    if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And) and any(hidden(v) for v in body.values):
+        vals = [v for v in body.values if not hidden(v)]
+        return vals[0] if len(vals) == 1 else ast.copy_location(ast.BoolOp(op=ast.And(), values=vals), body)
+    return body
+
+
 def substitute(text: str, orig, cs) -> str:
     """An expression over the parameters of the seed's function, said with the call's arguments
     (or the parameters' defaults); a name that is neither refuses.  What nothing folds keeps the
     text as written, each parameter replaced by its argument's source (quotes and spacing kept)."""
     f = orig.func
     tree = ast.parse(text, mode="eval")
+    tree.body = _without_device_tests(tree.body, f, orig, cs)
     defaults = {k: orig.module.src.code(d) for k, d in param_defaults(f.node.args).items()}
     said: Dict[str, str] = {}
 
