@@ -27,6 +27,12 @@
    ``device`` a local the loader picks): moved to the callers, that test of the device, which
    they cannot see, says nothing to ``autocast("cuda")`` (it leaves the CPU's operations alone)
    and goes; the caller's region is enabled by ``fp16`` alone.
+6. apex's op lists edited at import (``amp.lists.functional_overrides.FP32_FUNCS.remove('softmax')``,
+   ``...FP16_FUNCS.append('softmax')``: NVIDIA's Tacotron 2 training and inference scripts and their
+   copies): softmax in float16 is ``register_half_function(torch.nn.functional, 'softmax')``, the
+   module-level patch with the ``_half_function`` helper, after it; a function autocast already
+   runs in that dtype needs nothing; a removal alone refuses.  The lists act with the module's
+   ``amp.initialize``: refused with it, unsafe with it.
 """
 import textwrap
 
@@ -396,3 +402,57 @@ def test_device_test_under_or_still_refuses(tmp_path):
     write(tmp_path, {"m.py": src})
     out = run(tmp_path)
     assert "depends on `device`, which its callers cannot see" in out.output
+
+
+LISTS = textwrap.dedent('''\
+    import torch
+    from apex import amp
+    amp.lists.functional_overrides.FP32_FUNCS.remove('softmax')
+    amp.lists.functional_overrides.FP16_FUNCS.append('softmax')
+
+
+    def main(loader):
+        model = torch.nn.Linear(4, 3).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = amp.initialize(model, opt, opt_level="O1")
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(torch.nn.functional.softmax(model(x), -1), y)
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+            opt.step()
+            opt.zero_grad()
+''')
+
+
+def test_op_lists_edited_at_import_become_the_patch_apex_made(tmp_path):
+    out = migrated(tmp_path, {"t.py": LISTS}, "t.py")
+    assert "amp.lists" not in out and "from apex" not in out
+    helper = out.index("def _half_function(fn):")
+    patch = out.index("torch.nn.functional.softmax = _half_function(torch.nn.functional.softmax)\n")
+    assert helper < patch < out.index("def main(loader):")
+    assert "scaler.scale(loss).backward()" in out
+    compile(out, "t.py", "exec")
+
+
+def test_op_list_autocast_already_keeps_needs_nothing(tmp_path):
+    src = LISTS.replace("amp.lists.functional_overrides.FP32_FUNCS.remove('softmax')\n", "").replace(
+        "FP16_FUNCS.append('softmax')", "FP16_FUNCS.append('linear')")
+    out = migrated(tmp_path, {"t.py": src}, "t.py")
+    assert "amp.lists" not in out and "_half_function" not in out and "functools" not in out
+
+
+def test_op_list_removal_alone_refuses(tmp_path):
+    src = LISTS.replace("amp.lists.functional_overrides.FP16_FUNCS.append('softmax')\n", "")
+    write(tmp_path, {"t.py": src})
+    out = run(tmp_path)
+    assert "`softmax` is only removed from apex's list" in out.output
+    assert "t.py: not rewritten" in out.output
+
+
+def test_op_lists_follow_the_modules_initialize(tmp_path):
+    # the initialize is refused (an opt level apex never had): the lists stay with it
+    src = LISTS.replace('opt_level="O1")', 'opt_level="O4")')
+    write(tmp_path, {"t.py": src})
+    out = run(tmp_path)
+    assert "apex's op lists act with the module's amp.initialize, which is not rewritten" in out.output
+    assert "t.py: not rewritten" in out.output

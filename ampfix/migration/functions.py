@@ -11,6 +11,11 @@
 * ``amp.register_float_function(module, "name")`` and ``register_half_function``: where autocast
   already runs the op in that dtype (its own op lists), the call goes; otherwise the module
   attribute is wrapped with the same helper, the global patch apex made.
+* apex's own op lists edited (``amp.lists.functional_overrides.FP32_FUNCS.remove('softmax')`` and
+  ``...FP16_FUNCS.append('softmax')``, NVIDIA's Tacotron 2 and WaveGlow scripts and their copies):
+  the same as registering the function in the list it ends in (``torch.nn.functional`` for
+  ``functional_overrides``, ``torch`` for ``torch_overrides``); a removal alone (the op left
+  uncast) has no native form and refuses.
 
 Each module is all or nothing; apex's import goes with its last use.
 """
@@ -20,6 +25,7 @@ import ast
 from typing import Dict, List
 
 from ampfix.model.analysis import has_star, string_value
+from ampfix.model.semantic import dotted
 from ampfix.migration.groups import Group, Refuse, add_module_helper
 from ampfix.migration.seeds import FUNCTION_KINDS, kind_of
 from ampfix.migration.flow import stmt_of
@@ -56,6 +62,8 @@ HELPER = '''def _{name}(fn):
     return run
 '''
 DTYPE = {"float_function": ("float32", "float"), "half_function": ("float16", "half")}
+#: apex's override lists -> the module whose functions they patch
+OVERRIDES = {"functional_overrides": "torch.nn.functional", "torch_overrides": "torch"}
 
 
 class FunctionApiPlanner:
@@ -75,6 +83,9 @@ class FunctionApiPlanner:
             g = Group(f"functions:{m.path}", "functions")
             for n, _ in uses:
                 g.add_use(m.path, n)
+            if any(kind == "lists" for _, kind in uses):
+                # apex's op lists act where its amp.initialize does: they go with it, or stay
+                g.follows = m.path
             try:
                 self._plan(g, m, uses)
             except Refuse as exc:
@@ -90,9 +101,12 @@ class FunctionApiPlanner:
         s = self.p.settings
         helpers: Dict[str, bool] = {}
         notes = set()
+        self._op_lists(fc, m, [n for n, kind in uses if kind == "lists"], helpers, notes)
         for n, kind in uses:
             p = getattr(n, "_p", None)
             call = p if isinstance(p, ast.Call) and p.func is n else None
+            if kind == "lists":
+                continue
             if kind == "disable_casts":
                 if call is None or call.args or call.keywords or not isinstance(getattr(call, "_p", None), ast.withitem):
                     raise Refuse(f"amp.disable_casts at line {n.lineno} is not `with amp.disable_casts():`")
@@ -140,6 +154,54 @@ class FunctionApiPlanner:
         fc.removes.extend(apex_import_specs(m))
         g.notes |= notes
         g.description = "apex.amp function API -> torch.autocast"
+
+    def _op_lists(self, fc, m, nodes, helpers, notes) -> None:
+        """``amp.lists.<overrides>.<FP16_FUNCS|FP32_FUNCS>.<append|remove>('name')`` statements: per
+        function, the list it ends in, registered as :meth:`_plan` registers it (see the module's
+        doc).  The wrapping statement goes after the helper at module level, in place in a function."""
+        by_name: Dict[tuple, list] = {}
+        for n in nodes:
+            parts = (dotted(n) or "").split(".")
+            call = getattr(n, "_p", None)
+            st = stmt_of(n)
+            if "lists" not in parts or not (isinstance(call, ast.Call) and call.func is n and len(call.args) == 1
+                                            and not call.keywords and isinstance(st, ast.Expr) and st.value is call):
+                raise Refuse(f"apex.amp.lists at line {n.lineno} is not a call that adds or removes one function")
+            tail = parts[parts.index("lists") + 1:]
+            name = string_value(call.args[0])
+            if len(tail) != 3 or tail[0] not in OVERRIDES or tail[1] not in ("FP16_FUNCS", "FP32_FUNCS") or \
+                    tail[2] not in ("append", "remove") or name is None or not name.isidentifier():
+                raise Refuse(f"apex.amp.lists at line {n.lineno} has no automatic rewrite")
+            by_name.setdefault((tail[0], name), []).append((tail[1], tail[2], st))
+        for (over, name), ops in sorted(by_name.items(), key=lambda kv: kv[1][0][2].lineno):
+            added = {lst for lst, how, _ in ops if how == "append"}
+            removed = {lst for lst, how, _ in ops if how == "remove"}
+            if len(added) != 1 or not removed <= {"FP16_FUNCS", "FP32_FUNCS"} - added:
+                raise Refuse(f"apex.amp.lists at line {ops[0][2].lineno}: `{name}` is only removed from apex's list, "
+                             "left uncast; autocast has no such list: migrate it by hand")
+            half = added == {"FP16_FUNCS"}
+            kind = "register_half_function" if half else "register_float_function"
+            target = f"{OVERRIDES[over]}.{name}"
+            stmts = [st for _, _, st in ops]
+            if name in (AUTOCAST_FP16 if half else AUTOCAST_FP32):
+                for st in stmts:
+                    fc.remove(st, described=True)
+                notes.add(f"apex's {'float16' if half else 'float32'} list took {name!r}: autocast already runs it so")
+                continue
+            helper = "half_function" if half else "float_function"
+            helpers[helper] = True
+            line = f"{target} = _{helper}({target})"
+            if all(isinstance(getattr(st, "_p", None), ast.Module) for st in stmts):
+                for st in stmts:
+                    fc.remove(st, described=True)
+                self._add_helpers(fc, m, [helper])
+                add_module_helper(fc, m, line, f"patch:{target}")
+            else:
+                fc.replace_statement(stmts[0], [line])
+                for st in stmts[1:]:
+                    fc.remove(st, described=True)
+            notes.add(f"apex's {'float16' if half else 'float32'} list took {name!r} ({kind.split('_')[1]}): "
+                      f"{target} wrapped with _{helper}, the patch apex made")
 
     def _add_helpers(self, fc, m, names) -> None:
         s = self.p.settings

@@ -66,6 +66,7 @@ def plan(project) -> Dict[str, FilePlan]:
     for g, outcome in zip(owners, project.map(project.trial, tries)):
         if outcome is not None and g.refusal is None:
             g.refusal = outcome
+    _follow(groups)
     out: Dict[str, FilePlan] = {}
     for g in groups:
         _emit(project, g, out)
@@ -75,6 +76,30 @@ def plan(project) -> Dict[str, FilePlan]:
         for n in nodes:
             fp.flags[(n.lineno, n.col_offset)] = "uninitialized"
     return out
+
+
+def _follow(groups: List[Group]) -> None:
+    """A group that acts only with another of its module (apex's op lists edited beside the
+    module's amp.initialize: ``follows``) shares that one's fate: refused with it, unsafe with it;
+    refused, it keeps the other as it is too."""
+    for g in groups:
+        path = getattr(g, "follows", None)
+        if path is None:
+            continue
+        if g.refusal is not None:
+            # and the other way round: the initialize without the lists would change what they said
+            for o in groups:
+                if o is not g and o.kind != g.kind and path in o.uses and o.refusal is None:
+                    o.refusal = g.refusal
+            continue
+        for o in groups:
+            if o is g or o.kind == g.kind or path not in o.uses:
+                continue
+            if o.refusal is not None:
+                g.refusal = f"apex's op lists act with the module's amp.initialize, which is not rewritten: {o.refusal}"
+                break
+            if o.unsafe and not g.unsafe:
+                g.unsafe = o.unsafe
 
 
 def _private_flags(project, path: str) -> List[str]:

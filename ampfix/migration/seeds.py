@@ -26,7 +26,7 @@ NOTES = {
     "verbosity": "not needed",
 }
 SCALER_KINDS = {"scale_loss", "master_params", "state_dict", "load_state_dict", "_amp_state", ""}
-FUNCTION_KINDS = {"float_function", "half_function", "promote_function", "register_float_function",
+FUNCTION_KINDS = {"lists", "float_function", "half_function", "promote_function", "register_float_function",
                   "register_half_function", "register_promote_function", "disable_casts"}
 
 
