@@ -233,3 +233,21 @@ def test_a_scaler_defaulted_in_its_function_is_not_none_after_the_default():
     assert mc.none_scaler_calls(src.format(default=other)) == [4, 5]
     again = "    if scaler is None:\n        scaler = None\n"
     assert mc.none_scaler_calls(src.format(default=again)) == [4, 5]
+
+
+def test_a_globals_dispatch_is_a_call_of_each_function_it_may_pick(tmp_path):
+    (tmp_path / "t.py").write_text(
+        "def worker(args, model, optimizer, scaler):\n"
+        "    globals().get('train_' + args.target)(args, model, optimizer, scaler=scaler)\n"
+        "    globals()[f'{args.target}_eval'](args, model)\n"
+        "def train_bert(args, model, optimizer, *, scaler):\n    pass\n"
+        "def train_lm(args, model, optimizer, *, scaler):\n    pass\n"
+        "def cls_eval(args, model, *, scaler):\n    pass\n")
+    home = str(tmp_path / "t.py")
+    got = [("train_bert", None, ["args", "model", "optimizer"], "scaler", home),
+           ("train_lm", None, ["args", "model", "optimizer"], "scaler", home),
+           ("cls_eval", None, ["args", "model"], "scaler", home)]
+    missing, unseen = mc.unpassed(tmp_path, got)
+    # the first pick passes it to both `train_*`; the second does not pass it to `cls_eval`
+    assert [text for _, text in missing] == ["t.py:3 cls_eval(...) without `scaler`"]
+    assert unseen == set()
