@@ -456,3 +456,10 @@ def test_op_lists_follow_the_modules_initialize(tmp_path):
     out = run(tmp_path)
     assert "apex's op lists act with the module's amp.initialize, which is not rewritten" in out.output
     assert "t.py: not rewritten" in out.output
+
+
+def test_half_function_with_bfloat16_casts_to_bfloat16(tmp_path):
+    # apex's "half" is the reduced precision; with --dtype bfloat16 that is bfloat16, not float16
+    out = migrated(tmp_path, {"t.py": LISTS}, "t.py", "--dtype", "bfloat16")
+    assert "on bfloat16 inputs" in out and "v.bfloat16()" in out and "v.half()" not in out
+    assert "torch.nn.functional.softmax = _half_function(torch.nn.functional.softmax)" in out

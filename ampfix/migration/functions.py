@@ -29,7 +29,7 @@ from ampfix.model.semantic import dotted
 from ampfix.migration.groups import Group, Refuse, add_module_helper
 from ampfix.migration.seeds import FUNCTION_KINDS, kind_of
 from ampfix.migration.flow import stmt_of
-from ampfix.migration.spell import autocast_off
+from ampfix.migration.spell import autocast_off, bf16
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
 
@@ -206,7 +206,11 @@ class FunctionApiPlanner:
     def _add_helpers(self, fc, m, names) -> None:
         s = self.p.settings
         for n in names:
-            add_module_helper(fc, m, HELPER.format(name=n, dtype=DTYPE[n][0], method=DTYPE[n][1],
-                                                   off=autocast_off(s)), n)
+            dtype, method = DTYPE[n]
+            if n == "half_function" and bf16(s):
+                # with --dtype bfloat16 the reduced precision apex asked for is bfloat16: float16
+                # there would bring back the range bfloat16 was chosen to avoid
+                dtype, method = "bfloat16", "bfloat16"
+            add_module_helper(fc, m, HELPER.format(name=n, dtype=dtype, method=method, off=autocast_off(s)), n)
 
 
