@@ -463,3 +463,16 @@ def test_half_function_with_bfloat16_casts_to_bfloat16(tmp_path):
     out = migrated(tmp_path, {"t.py": LISTS}, "t.py", "--dtype", "bfloat16")
     assert "on bfloat16 inputs" in out and "v.bfloat16()" in out and "v.half()" not in out
     assert "torch.nn.functional.softmax = _half_function(torch.nn.functional.softmax)" in out
+
+
+def test_a_package_import_read_only_by_the_optimizer_that_went(tmp_path):
+    # `import optimlib` read only by the optimizer made for apex goes where the module imports the
+    # package again (`from optimlib import Net`): importing it once more did nothing; alone, it stays
+    # (importing a third-party package may do something)
+    src = LOADER.replace("import torch\n", "import torch\nimport optimlib\nfrom optimlib import Net\n", 1).replace(
+        "torch.optim.AdamW(", "optimlib.AdamW(").replace("torch.nn.Linear(4, 4)", "Net()")
+    out = migrated(tmp_path, {"loader.py": src, "sample.py": SAMPLE}, "loader.py")
+    assert "import optimlib\n" not in out and "from optimlib import Net\n" in out
+    alone = src.replace("from optimlib import Net\n", "").replace("Net()", "torch.nn.Linear(4, 4)")
+    out = migrated(tmp_path / "alone", {"loader.py": alone, "sample.py": SAMPLE}, "loader.py")
+    assert "import optimlib\n" in out and "AdamW" not in out

@@ -174,7 +174,8 @@ class Rewriter:
                     full = ("." * stmt.level + (base or "")) if isinstance(stmt, ast.ImportFrom) else alias.name
                     if "apex" in full.split("."):
                         continue
-                    if len(stmt.names) == 1 and not self.p.import_is_quiet(full):
+                    if len(stmt.names) == 1 and not self.p.import_is_quiet(full) and \
+                            not _imported_again(m.tree, stmt, full, gone):
                         continue
                     if m.path.replace("\\", "/").endswith("__init__.py") or self.p.imported_from(m, bound):
                         continue  # another module may take the name from this one
@@ -263,6 +264,26 @@ def returns_after(f, stmt) -> List[ast.Return]:
             break
         cur = owner
     return returns_in(f.node)
+
+
+def _imported_again(tree, stmt, full: str, gone) -> bool:
+    """Another import statement of the module that stays, at module level, imports ``full`` (or a
+    module inside it: ``from transformers import GPT2LMHeadModel`` beside ``import transformers``):
+    it is imported anyway, so dropping ``stmt`` skips nothing it does."""
+    if full.startswith("."):
+        return False
+
+    def covers(name: str) -> bool:  # importing `name` imports `full` (and its parents) too
+        return name == full or name.startswith(full + ".")
+
+    for x in tree.body:
+        if x is stmt or id(x) in gone:
+            continue
+        if isinstance(x, ast.ImportFrom) and not x.level and covers(x.module or ""):
+            return True
+        if isinstance(x, ast.Import) and any(covers(a.name) for a in x.names):
+            return True
+    return False
 
 
 def returned_after(f, stmt) -> List[str]:
