@@ -406,32 +406,6 @@ def _receiver_binds(entry, recv, klass, brought: dict, modules: dict) -> bool:
     return isinstance(recv, ast.Name) and brought.get(recv.id, (None, recv.id))[1] == cls
 
 
-def _globals_pick(func) -> Optional[tuple]:
-    """``globals()["train_" + x]`` / ``globals().get("train_" + x)`` / an f-string with one field:
-    (prefix, suffix) of the names it picks from, else None."""
-    import ast
-
-    def is_globals(e):
-        return isinstance(e, ast.Call) and getattr(e.func, "id", None) == "globals" and not e.args
-
-    key = None
-    if isinstance(func, ast.Subscript) and is_globals(func.value):
-        key = func.slice
-    elif isinstance(func, ast.Call) and isinstance(func.func, ast.Attribute) and func.func.attr == "get" \
-            and is_globals(func.func.value) and len(func.args) == 1:
-        key = func.args[0]
-    if isinstance(key, ast.BinOp) and isinstance(key.op, ast.Add):
-        pre = key.left.value if isinstance(key.left, ast.Constant) and isinstance(key.left.value, str) else ""
-        suf = key.right.value if isinstance(key.right, ast.Constant) and isinstance(key.right.value, str) else ""
-        return (pre, suf) if bool(pre) != bool(suf) else None
-    if isinstance(key, ast.JoinedStr) and sum(isinstance(v, ast.FormattedValue) for v in key.values) == 1:
-        vals = key.values
-        pre = vals[0].value if isinstance(vals[0], ast.Constant) else ""
-        suf = vals[-1].value if isinstance(vals[-1], ast.Constant) and len(vals) > 1 else ""
-        return (pre, suf) if pre or suf else None
-    return None
-
-
 def unpassed(root: Path, added: list) -> tuple:
     """Call sites in the migrated repository that do not pass a parameter the migration made
     required (a TypeError when they run), as (key, text), and the keys of added parameters no call
@@ -441,6 +415,8 @@ def unpassed(root: Path, added: list) -> tuple:
     method through ``self``/``cls`` in its class, ``super()`` in a subclass, or its class's name;
     ``obj.method(...)`` on any other object is not counted either way."""
     import ast
+
+    from ampfix.project.graph import dispatch_pattern
 
     if not added:
         return [], set()
@@ -502,9 +478,9 @@ def unpassed(root: Path, added: list) -> tuple:
                     continue
                 entries = [e for e in names.get(callee, []) if e[4] is not None and Path(e[4]).resolve() == source
                            and (e[1] is None or e[0] == "__init__")]
-            elif _globals_pick(func) is not None:
+            elif dispatch_pattern(c) is not None and func is c.func:
                 # `globals().get("train_" + args.target)(...)`: each function of this file it may pick
-                pre, suf = _globals_pick(func)
+                pre, suf = dispatch_pattern(c)
                 entries = [e for es in names.values() for e in es if e[1] is None and e[4] is not None
                            and Path(e[4]).resolve() == here and e[0].startswith(pre) and e[0].endswith(suf)
                            and len(e[0]) > len(pre) + len(suf)]

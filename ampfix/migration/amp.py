@@ -810,14 +810,12 @@ class AmpPlanner:
                 isinstance(s.optimizers, ast.Name) and s.optimizers.id == opt):
             return False
         end = s.stmt.end_lineno
-        if any(isinstance(n, ast.Name) and n.id == opt and isinstance(n.ctx, ast.Load) and n.lineno > end
-               for n in walk(f.node, into_functions=True)):
-            return False
+        after = [n for n in walk(f.node, into_functions=True)
+                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.lineno > end]
         # the loader only hands the model back: where it also runs it (an evaluation after the
         # setup), the regions are there, with the seed where it is
         returns = {id(n) for r in walk(f.node) if isinstance(r, ast.Return) for n in walk(r)}
-        return not any(isinstance(n, ast.Name) and n.id == targets[0] and isinstance(n.ctx, ast.Load)
-                       and n.lineno > end and id(n) not in returns for n in walk(f.node, into_functions=True))
+        return not any(n.id == opt or (n.id == targets[0] and id(n) not in returns) for n in after)
 
     @staticmethod
     def _never_trains(s: Seed) -> bool:

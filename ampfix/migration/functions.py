@@ -180,7 +180,6 @@ class FunctionApiPlanner:
                 raise Refuse(f"apex.amp.lists at line {ops[0][2].lineno}: `{name}` is only removed from apex's list, "
                              "left uncast; autocast has no such list: migrate it by hand")
             half = added == {"FP16_FUNCS"}
-            kind = "register_half_function" if half else "register_float_function"
             target = f"{OVERRIDES[over]}.{name}"
             stmts = [st for _, _, st in ops]
             if name in (AUTOCAST_FP16 if half else AUTOCAST_FP32):
@@ -200,8 +199,8 @@ class FunctionApiPlanner:
                 fc.replace_statement(stmts[0], [line])
                 for st in stmts[1:]:
                     fc.remove(st, described=True)
-            notes.add(f"apex's {'float16' if half else 'float32'} list took {name!r} ({kind.split('_')[1]}): "
-                      f"{target} wrapped with _{helper}, the patch apex made")
+            notes.add(f"apex's {'float16' if half else 'float32'} list took {name!r}: {target} wrapped with "
+                      f"_{helper}, the patch apex made")
 
     def _add_helpers(self, fc, m, names) -> None:
         s = self.p.settings

@@ -458,6 +458,9 @@ class Group:
         #: why the rewrite changes behaviour, when it does: the group's fix is then unsafe
         #: (applied with --unsafe-fixes only), and the reason is in its description
         self.unsafe: Optional[str] = None
+        #: the module whose other groups this one acts with (apex's op lists beside its
+        #: amp.initialize): refused or unsafe with them (migration.planner._follow)
+        self.follows: Optional[str] = None
 
     def file(self, module) -> FileChanges:
         fc = self.changes.get(module.path)

@@ -83,7 +83,7 @@ def _follow(groups: List[Group]) -> None:
     module's amp.initialize: ``follows``) shares that one's fate: refused with it, unsafe with it;
     refused, it keeps the other as it is too."""
     for g in groups:
-        path = getattr(g, "follows", None)
+        path = g.follows
         if path is None:
             continue
         if g.refusal is not None:

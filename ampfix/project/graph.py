@@ -105,7 +105,7 @@ def _choices(e: ast.AST) -> List[ast.AST]:
     return [*_choices(e.body), *_choices(e.orelse)] if isinstance(e, ast.IfExp) else [e]
 
 
-def _dispatch_pattern(call: ast.Call) -> Optional[Tuple[str, str]]:
+def dispatch_pattern(call: ast.Call) -> Optional[Tuple[str, str]]:
     """``globals()["train_" + args.target](...)`` / ``globals().get("train_" + kind)(...)``: a call
     of the module's own function picked by name at run time, a constant prefix (or suffix, or
     both, an f-string's) around what picks it: (prefix, suffix); None for any other call."""
@@ -332,7 +332,6 @@ class Project:
         self._calls: Dict[int, List[CallSite]] = {}
         self._refs: Dict[int, List[ast.AST]] = {}
         self._indexed: Set[str] = set()
-        self._dispatch_done: Set[int] = set()
         for path, src in sources.items():
             self._add(path, src, editable=True)
 
@@ -880,14 +879,14 @@ class Project:
 
     def dispatched(self, module: "Module") -> List[Tuple[ast.Call, str, str]]:
         """The calls of ``module`` that pick one of its own functions by name from ``globals()``
-        (:func:`_dispatch_pattern`), each with its prefix and suffix."""
+        (:func:`dispatch_pattern`), each with its prefix and suffix."""
         got = module.__dict__.get("_dispatched")
         if got is None:
             got = []
             if "globals()" in module.src.text:
                 for n in walk(module.tree, into_functions=True):
                     if isinstance(n, ast.Call):
-                        pat = _dispatch_pattern(n)
+                        pat = dispatch_pattern(n)
                         if pat is not None:
                             got.append((n, *pat))
             module._dispatched = got
@@ -905,10 +904,11 @@ class Project:
 
     def _index_dispatch(self, f: Function) -> None:
         """``f`` (a module-level function) called by a ``globals()`` dispatch of its module."""
-        if f.cls is not None or f.outer is not None or "." in f.qualname:
+        picks = self.dispatched(f.module)
+        if not picks or f.cls is not None or f.outer is not None:
             return
         sites = self._calls.setdefault(id(f.node), [])
-        for n, _, _ in self.dispatched(f.module):
+        for n, _, _ in picks:
             if any(g is f for g in self.dispatch_targets(f.module, n)) and not any(c.node is n for c in sites):
                 sites.append(CallSite(n, f.module, f.module.function_of(n), f, False))
 
@@ -918,9 +918,7 @@ class Project:
         built as ``AMPTrainer(model, loader, optimizer)``): those classes' names are indexed too, and
         naming the class as their base is no other use.  A subclass with an ``__init__`` of its own
         stays such a use (its ``super().__init__(...)`` is not followed)."""
-        if id(f.node) not in self._dispatch_done:
-            self._dispatch_done.add(id(f.node))
-            self._index_dispatch(f)
+        self._index_dispatch(f)
         names = [self._called_as(f)]
         seen: Set[str] = set()
         while names:
