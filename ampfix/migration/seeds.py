@@ -127,8 +127,9 @@ class Use:
         self.func = module.function_of(node)
         if self.kind == "" and availability_check(node) is not None:
             self.kind = "check"
-        elif self.kind == "" and installed_test(module.sem, node) is not None:
-            # `amp is not None` where amp is None without apex: folds, needs no scaler
+        elif self.kind in ("", "__dict__") and installed_test(module.sem, node) is not None:
+            # `amp is not None` where amp is None without apex, `'state_dict' in amp.__dict__`:
+            # folds, needs no scaler
             self.kind = "installed"
 
     @property

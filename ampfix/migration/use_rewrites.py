@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Set
 from ampfix.engine.tidy import pure
 from ampfix.model.analysis import arg, exclusive, is_const, is_log_call, kwargs, method_call, receiver
 from ampfix.model.apex import (
-    fold_installed, none_test_of, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
+    feature_probe, fold_installed, none_test_of, object_alias_attrs, param_aliases, param_may_be_none, self_aliases,
 )
 from ampfix.migration.groups import Refuse, add_module_helper
 from ampfix.migration.flow import (
@@ -1659,7 +1659,9 @@ class UseRewrites:
         else:
             fc.unwrap(top, top.body if f else top.orelse)
             fc.touched.add(id(top))
-        self.notes.add("`amp is not None` asked whether apex is installed: native AMP always is, so the test folds")
+        probe = feature_probe(u.node)
+        asked = m.src.code(probe) if probe is not None else "amp is not None"
+        self.notes.add(f"`{asked}` asked whether apex is installed: native AMP always is, so the test folds")
 
     def _module_import_goes(self, u: Use, p: ast.Assign) -> None:
         """``amp = importlib.import_module("apex.amp")`` at module level goes where every read of

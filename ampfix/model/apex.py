@@ -500,10 +500,54 @@ def none_if_missing(sem, name_node: ast.Name) -> bool:
     return True
 
 
+#: apex.amp's public functions, in every release since the first: a test that asks for one asks
+#: whether apex is installed
+AMP_FUNCTIONS = frozenset({
+    "initialize", "init", "scale_loss", "state_dict", "load_state_dict", "master_params", "disable_casts",
+    "half_function", "float_function", "promote_function", "register_half_function", "register_float_function",
+    "register_promote_function"})
+
+
+def feature_probe(node) -> Optional[ast.expr]:
+    """The test when ``node`` (the read of apex's amp) asks whether amp has one of its own
+    functions: ``'load_state_dict' in amp.__dict__`` (``node`` is ``amp.__dict__``; the train
+    scripts copied from timm before 2020 resume so) or ``hasattr(amp, "state_dict")``.  It holds
+    wherever apex is installed; None else."""
+    p = getattr(node, "_p", None)
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], ast.In) and \
+                p.comparators[0] is node and isinstance(p.left, ast.Constant) and p.left.value in AMP_FUNCTIONS:
+            return p
+        return None
+    if isinstance(p, ast.Call) and isinstance(p.func, ast.Name) and p.func.id == "hasattr" and len(p.args) == 2 \
+            and not p.keywords and p.args[0] is node and isinstance(p.args[1], ast.Constant) and \
+            p.args[1].value in AMP_FUNCTIONS:
+        return p
+    return None
+
+
+def _probe(sem, test) -> bool:
+    """``test`` is a :func:`feature_probe` of apex's amp."""
+    if isinstance(test, ast.Compare) and len(test.comparators) == 1:
+        inner = test.comparators[0]
+    elif isinstance(test, ast.Call) and test.args:
+        inner = test.args[0]
+    else:
+        return False
+    if feature_probe(inner) is not test:
+        return False
+    q = apex_qname(sem, inner.value if isinstance(inner, ast.Attribute) else inner)
+    return q == "apex.amp"
+
+
 def installed_test(sem, node) -> Optional[Tuple[ast.expr, bool]]:
     """(the expression, its value where apex is installed) when ``node`` (a Name) is a
     :func:`none_if_missing` name tested as such: ``amp is not None`` (True), ``amp is None``
-    (False), ``amp`` / ``not amp`` as a truth value in a test or a boolean operation."""
+    (False), ``amp`` / ``not amp`` as a truth value in a test or a boolean operation; or when
+    ``node`` is the read of apex's amp in a :func:`feature_probe` (True)."""
+    probe = feature_probe(node)
+    if probe is not None and _probe(sem, probe):
+        return probe, True
     if not isinstance(node, ast.Name) or not none_if_missing(sem, node):
         return None
     p = getattr(node, "_p", None)
@@ -523,6 +567,8 @@ def fold_installed(sem, code, test):
     the text of what is left (``not fp16 or amp is None or not cuda`` -> ``not fp16 or not
     cuda``), or None when it has no :func:`installed_test` in it.  A test that reads such a
     name any other way raises ValueError."""
+    if _probe(sem, test):
+        return True
     got = installed_test(sem, test.left if isinstance(test, ast.Compare) else
                          test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test)
     if got is not None and got[0] is test:
