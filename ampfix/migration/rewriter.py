@@ -366,6 +366,51 @@ def constant_local(f, name: str, before: ast.stmt) -> Optional[ast.Constant]:
     return st.value
 
 
+#: calls a value chosen by a branch may make: they read their argument and nothing else
+_PURE_CALLS = frozenset({"float", "int", "str", "bool"})
+
+
+def branch_local(f, name: str, before: ast.stmt) -> Optional[Tuple[ast.IfExp, ast.If]]:
+    """``if opt.loss_scale != 'dynamic': ls = float(opt.loss_scale) else: ls = 'dynamic'`` in ``f``
+    before ``before``, in its block or a block around it, the name's only two bindings: the
+    value as one expression (``float(opt.loss_scale) if opt.loss_scale != 'dynamic' else
+    'dynamic'``), with the ``if``.  The test and both values read only names ``f`` never binds
+    (its parameters as given, globals) and call only ``float``/``int``/``str``/``bool``: said at
+    a caller, they mean there what they meant here."""
+    if name in f.positional or name in f.kwonly:
+        return None
+    stores, bound = [], set()
+    for n in walk(f.node, into_functions=True):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+            if n.id == name:
+                stores.append(n)
+        elif isinstance(n, (ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom)):
+            bound.update(getattr(a, "asname", None) or getattr(a, "name", a) for a in n.names)
+    if len(stores) != 2:
+        return None
+    sts = [getattr(x, "_p", None) for x in stores]
+    if not all(isinstance(st, ast.Assign) and st.targets == [x] for st, x in zip(sts, stores)):
+        return None
+    top = getattr(sts[0], "_p", None)
+    if not (isinstance(top, ast.If) and top.body == [sts[0]] and top.orelse == [sts[1]]
+            and top.end_lineno < before.lineno):
+        return None
+    _, _, block = block_of(top)
+    if not any(x is before or any(x is a for a in ancestors_stmts(before, f.node)) for x in block):
+        return None
+    parts = (top.test, sts[0].value, sts[1].value)
+    for e in parts:
+        for n in ast.walk(e):
+            if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _PURE_CALLS):
+                return None
+            if isinstance(n, (ast.NamedExpr, ast.Await, ast.Lambda, ast.comprehension)):
+                return None
+            if isinstance(n, ast.Name) and n.id in bound:
+                return None
+    return ast.copy_location(ast.IfExp(test=top.test, body=sts[0].value, orelse=sts[1].value), top), top
+
+
 def _tests_cuda(e) -> Optional[str]:
     """``'cuda' in device`` / ``device == 'cuda'`` / ``device.type == 'cuda'`` /
     ``str(device).startswith('cuda')``: the name whose device it tests, else None."""
@@ -438,6 +483,9 @@ def substitute(text: str, orig, cs) -> str:
             const = constant_local(f, node.id, orig.stmt)
             if const is not None:
                 return ast.copy_location(ast.Constant(const.value), node)
+            chosen = branch_local(f, node.id, orig.stmt)
+            if chosen is not None:
+                return self.visit(ast.parse(ast.unparse(chosen[0]), mode="eval").body)
             raise Refuse(f"amp.initialize in `{f.qualname}` depends on `{node.id}`, which its callers cannot see")
 
     new = Sub().visit(tree)

@@ -16,7 +16,7 @@ from ampfix.migration.flow import (
 )
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, conj, disj, operand, scaler_call
 from ampfix.model.semantic import DEFS, block_of, dotted, enclosing_function, walk
-from ampfix.migration.rewriter import constant_local, quoted_as, returns_after, substitute
+from ampfix.migration.rewriter import branch_local, constant_local, quoted_as, returns_after, substitute
 from ampfix.migration.seeds import NOTES, Seed, Use, calls_model
 
 
@@ -144,6 +144,12 @@ class SeedRewrites:
         self._initialize_goes(s)
         if not s.training:
             self._optimizer_made_for_apex_goes(s)
+        ls = kwargs(s.call).get("loss_scale")
+        chosen = branch_local(s.func, ls.id, s.stmt) if isinstance(ls, ast.Name) else None
+        if chosen is not None and all(any(n is x for x in walk(s.call)) for n in walk(s.func.node, into_functions=True)
+                                      if isinstance(n, ast.Name) and n.id == ls.id and isinstance(n.ctx, ast.Load)):
+            # the `if` that chose the loss scale, read by nothing else: the callers say the choice
+            self.fc(s.module).remove(chosen[1])
         self.notes.add(f"`{s.func.qualname}` no longer initializes apex: its callers set up native AMP where they "
                        "call it")
 
@@ -267,6 +273,12 @@ class SeedRewrites:
                 raise Refuse("opt_level O3 with `enabled`: convert the model with .half() by hand")
             enabled = "False" if is_const(kws["enabled"], False) else conj(e, enabled)
         ls = kws.get("loss_scale")
+        if isinstance(ls, ast.Name) and s.func is not None and getattr(s, "exported", False):
+            # `if opt.ls != 'dynamic': ls = float(opt.ls) else: ls = 'dynamic'` before a seed that
+            # goes to its callers: the choice, said there (its parts are the source's own nodes)
+            chosen = branch_local(s.func, ls.id, s.stmt)
+            if chosen is not None:
+                ls = chosen[0]
         if pure:
             if ls is not None and number_value(ls) != 1:
                 raise Refuse("opt_level O3 with loss scaling: GradScaler cannot unscale float16 gradients; "
@@ -1708,6 +1720,10 @@ def loss_scale_choice(ls, code) -> Tuple[Optional[str], Optional[str]]:
     if isinstance(ls, (ast.Name, ast.Attribute, ast.Subscript)):
         v = code(ls)
         return f'{v} in (None, 0, "dynamic")', f"float({v})"
+    if isinstance(ls, ast.Call) and isinstance(ls.func, ast.Name) and ls.func.id in ("float", "int") and \
+            len(ls.args) == 1 and not ls.keywords and isinstance(ls.args[0], (ast.Name, ast.Attribute, ast.Subscript)):
+        # `float(opt.loss_scale)`: a number (apex was handed one; "dynamic" would have raised here)
+        return None, code(ls)
     if isinstance(ls, ast.IfExp):
         branches = {"body": ls.body, "orelse": ls.orelse}
         fixed = [k for k, b in branches.items() if string_value(b) == "dynamic" or is_const(b, None)]
@@ -1718,7 +1734,14 @@ def loss_scale_choice(ls, code) -> Tuple[Optional[str], Optional[str]]:
                 if _restates(ls.test, other, code, negated=fixed[0] == "orelse"):
                     return dyn, static
                 test = code(ls.test)
-                if fixed[0] == "orelse":
+                flipped = {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not", ast.In: "in",
+                           ast.NotIn: "not in"}
+                opposite = {"==": "!=", "!=": "==", "is": "is not", "is not": "is", "in": "not in", "not in": "in"}
+                t = ls.test
+                if fixed[0] == "orelse" and isinstance(t, ast.Compare) and len(t.ops) == 1 and type(t.ops[0]) in flipped:
+                    # `x != 'dynamic'` chose the number: dynamic where `x == 'dynamic'`
+                    test = f"{code(t.left)} {opposite[flipped[type(t.ops[0])]]} {code(t.comparators[0])}"
+                elif fixed[0] == "orelse":
                     simple = isinstance(ls.test, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
                     test = f"not {test}" if simple else f"not ({test})"
                 return (test if dyn is None else f"{test} or {dyn}"), static
