@@ -36,6 +36,11 @@ ENTRIES = {
     "inference_loader": [["generate.py"], ["generate.py", "--fp16"]],
     # validation whose loss is computed right after the no_grad block of its forward: both in the region
     "eval_loss_after": [["train.py", "--epochs", "1", "--batches", "3"], ["train.py", "--epochs", "1", "--opt-level", "O0"]],
+    # a setup that picks apex's loss scale in a local and returns the model and optimizer, a resume
+    # that asks apex whether it can load its state: the choice moves to the caller's GradScaler, the
+    # question folds; a checkpoint written by the first run is resumed by the second
+    "resume_setup": [["train.py", "--epochs", "2", "--apex"], ["train.py", "--epochs", "1", "--apex", "--resume"],
+                     ["train.py", "--epochs", "1", "--apex", "--apex-loss-scale", "128"], ["train.py", "--epochs", "1"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says
