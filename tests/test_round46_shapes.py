@@ -12,6 +12,11 @@
    callers, and the choice with it, said there as one expression (dynamic where the option says
    "dynamic", else static at that scale); the ``if`` goes with the initialize when nothing else
    reads the name.  Before: "depends on `apex_loss_scale`, which its callers cannot see".
+3. With ``--dtype bfloat16``, a list of optimizers built only for apex's scale_loss (``if
+   optimizer_lif != None: optimizer_list = [optimizer, optimizer_lif] else: optimizer_list =
+   [optimizer]``, then ``with amp.scale_loss(loss, optimizer_list)``): the backward is the loss's
+   own and nothing reads the list any more; it was left behind, an unused local.  Its ``if``
+   goes now.
 """
 import textwrap
 
@@ -148,3 +153,45 @@ def test_a_loss_scale_branch_that_calls_something_is_not_moved(tmp_path):
     write(tmp_path, {"train.py": src})
     out = run(tmp_path)
     assert "depends on `apex_loss_scale`, which its callers cannot see" in out.output
+
+
+LISTED = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def main(use_lif):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer_lif = torch.optim.SGD(model.parameters(), lr=0.01) if use_lif else None
+        if optimizer_lif is not None:
+            [model], [optimizer, optimizer_lif] = amp.initialize([model], [optimizer, optimizer_lif], opt_level="O1")
+        else:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for _ in range(3):
+            loss = model(torch.ones(2, 4, device="cuda")).sum()
+            if optimizer_lif is not None:
+                optimizer_list = [optimizer, optimizer_lif]
+            else:
+                optimizer_list = [optimizer]
+            with amp.scale_loss(loss, optimizer_list) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            if optimizer_lif is not None:
+                optimizer_lif.step()
+''')
+
+
+def test_bfloat16_drops_an_optimizer_list_built_only_for_scale_loss(tmp_path):
+    out = migrated(tmp_path, {"t.py": LISTED}, "t.py", "--dtype", "bfloat16")
+    assert "optimizer_list" not in out and "loss.backward()" in out
+    # the optimizers themselves stay: they step
+    assert "optimizer.step()" in out and "optimizer_lif.step()" in out
+    compile(out, "t.py", "exec")
+
+
+def test_an_optimizer_list_read_elsewhere_stays(tmp_path):
+    src = LISTED.replace("        optimizer.step()\n", "        print(len(optimizer_list))\n        optimizer.step()\n")
+    assert src != LISTED
+    out = migrated(tmp_path, {"t.py": src}, "t.py", "--dtype", "bfloat16")
+    assert "optimizer_list = [optimizer, optimizer_lif]" in out and "print(len(optimizer_list))" in out

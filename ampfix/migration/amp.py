@@ -1117,6 +1117,11 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 if k.arg is not None and (k.arg not in kept or (id(call) in leftover and k.arg not in (
                         "models", "optimizers"))):
                     dropped.setdefault((id(m), id(func)), (m, func, []))[2].append(k.value)
+            if self.bf16 and dotted(call.func) is not None and dotted(call.func).endswith("scale_loss"):
+                # bfloat16: the backward is the loss's own, and no scaler reads the optimizers
+                # handed to scale_loss (`optimizer_list = [optimizer, optimizer_lif]` only for it)
+                given = call.args[1:2] + [k.value for k in call.keywords if k.arg == "optimizers"]
+                dropped.setdefault((id(m), id(func)), (m, func, []))[2].extend(given)
         for m, func, values in dropped.values():
             unit = func.node if func is not None else m.tree
             inside = {id(n) for v in values for n in ast.walk(v)}
@@ -1139,6 +1144,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 gone = [_goes_with(stmt_of(x), x) for x in stores]
                 if any(g is None or id(g) in self.fc(m).touched for g in gone):
                     continue
+                gone = list({id(g): g for g in gone}.values())  # an if/else that binds it in both branches
                 if func is None and self.p.mentioned_elsewhere(name):
                     continue
                 for g in gone:
@@ -1275,6 +1281,13 @@ def _goes_with(st, store) -> Optional[ast.stmt]:
     if isinstance(owner, ast.If) and len(owner.body) == 1 and owner.body[0] is st and not owner.orelse and \
             _computes_nothing_else(owner.test):
         return owner
+    # `if lif is not None: opts = [opt, lif] else: opts = [opt]`: each branch binds the name alone
+    if isinstance(owner, ast.If) and len(owner.body) == 1 and len(owner.orelse) == 1 and \
+            _computes_nothing_else(owner.test) and any(x is st for x in (owner.body[0], owner.orelse[0])):
+        other = owner.orelse[0] if owner.body[0] is st else owner.body[0]
+        if isinstance(other, ast.Assign) and len(other.targets) == 1 and isinstance(other.targets[0], ast.Name) \
+                and other.targets[0].id == store.id and _computes_nothing_else(other.value):
+            return owner
     return None
 
 
