@@ -17,6 +17,11 @@
    [optimizer]``, then ``with amp.scale_loss(loss, optimizer_list)``): the backward is the loss's
    own and nothing reads the list any more; it was left behind, an unused local.  Its ``if``
    goes now.
+4. A trainer with both paths and two flags (``with torch.cuda.amp.autocast() if self.using_amp
+   else nullcontext(): loss = ...`` then ``if self.using_apex_amp: with amp.scale_loss(...)``,
+   sockeye): the forward already has a native region, switched by the native path's flag; the
+   migration put a region around the native path's ``loss = self._scaler.scale(loss)`` below it
+   and left apex's forward in float32.  It refuses now, naming that ``with``.
 """
 import textwrap
 
@@ -195,3 +200,49 @@ def test_an_optimizer_list_read_elsewhere_stays(tmp_path):
     assert src != LISTED
     out = migrated(tmp_path, {"t.py": src}, "t.py", "--dtype", "bfloat16")
     assert "optimizer_list = [optimizer, optimizer_lif]" in out and "print(len(optimizer_list))" in out
+
+
+SWITCHED = textwrap.dedent('''\
+    import contextlib
+
+    import torch
+    from apex import amp
+
+
+    class Trainer:
+        def __init__(self, model, optimizer, using_amp, using_apex_amp):
+            self.model, self.optimizer = model, optimizer
+            self.using_amp, self.using_apex_amp = using_amp, using_apex_amp
+            self._scaler = torch.cuda.amp.GradScaler() if using_amp else None
+            if using_apex_amp:
+                self.model, self.optimizer = amp.initialize(self.model, self.optimizer, opt_level="O2")
+
+        def step(self, x):
+            with torch.cuda.amp.autocast() if self.using_amp else contextlib.nullcontext():
+                loss = self.model(x).sum()
+            if self.using_amp:
+                loss = self._scaler.scale(loss)
+            if self.using_apex_amp:
+                with amp.scale_loss(loss, self.optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            if self.using_amp:
+                self._scaler.step(self.optimizer)
+                self._scaler.update()
+            else:
+                self.optimizer.step()
+''')
+
+
+def test_a_loss_from_a_native_autocast_switched_by_another_flag_is_refused(tmp_path):
+    # the forward has a native region, enabled by the native path's flag: a region around what
+    # follows would leave apex's path in float32 (sockeye's trainer: both paths, two flags)
+    for extra in ((), ("--dtype", "bfloat16")):
+        write(tmp_path, {"t.py": SWITCHED})
+        out = run(tmp_path, *extra)
+        # apex's part is left whole (the torch.cuda.amp spellings of the native path are still respelled)
+        assert "-            self.model, self.optimizer = amp.initialize(" not in out.output, out.output
+        assert "scale_loss" not in "".join(x for x in out.output.splitlines(True) if x.startswith("-"))
+        assert "runs under a native autocast chosen by a condition" in out.output
+        assert "join apex's condition to it by hand" in out.output

@@ -276,6 +276,11 @@ class UseRewrites:
         barriers = [s.stmt for s in self.g.seeds if s.module is u.module]
         if self._under_autocast(site):
             return
+        switched = _switched_autocast_before(unit, site, loss)
+        if switched is not None:
+            raise Refuse(f"the loss comes from line {switched.lineno}, which runs under a native autocast chosen "
+                         f"by a condition (`{u.module.src.code(switched.items[0].context_expr)}`) that apex's path "
+                         "does not meet: join apex's condition to it by hand")
         region, missing = forward_region(site, loss, unit, barriers, self._models(u.module, func),
                                          prep_calls=_prep_methods(func) | self._movers_called(u.module, unit))
         header = autocast_call(self.s, self._autocast_enabled(u.module, func, c))
@@ -1800,3 +1805,27 @@ def _a_step_follows(st, steps, unit) -> bool:
                     return True
             g = getattr(g, "_p", None)
     return False
+
+
+def _switched_autocast_before(unit, site, loss) -> Optional[ast.With]:
+    """A ``with torch.cuda.amp.autocast() if self.using_amp else no_context():`` before ``site``
+    in ``unit`` whose body binds a name the loss reads (sockeye: the native path's forward, the
+    apex path's loss scaled below it): the forward already has a region, switched by a flag of
+    the native path, so one around the loss would miss it on apex's path."""
+    names = read(loss)
+    for w in walk(unit):
+        if not isinstance(w, (ast.With, ast.AsyncWith)) or w.lineno >= site.lineno:
+            continue
+        for item in w.items:
+            e = item.context_expr
+            if not isinstance(e, ast.IfExp):
+                continue
+            if not any(isinstance(x, ast.Call) and (dotted(x.func) or "").split(".")[-1] == "autocast"
+                       for x in (e.body, e.orelse)):
+                continue
+            bound = {n.id for x in w.body for n in [x, *walk(x)] if isinstance(n, ast.Name)
+                     and isinstance(n.ctx, ast.Store)}
+            if bound & names:
+                return w
+    return None
+
