@@ -22,6 +22,10 @@
    sockeye): the forward already has a native region, switched by the native path's flag; the
    migration put a region around the native path's ``loss = self._scaler.scale(loss)`` below it
    and left apex's forward in float32.  It refuses now, naming that ``with``.
+5. Comments labelled with apex inside the branch that a collapsed ``if use_apex: ... else: ...``
+   keeps (``# Apex AMP loss scaling`` above the ``with amp.scale_loss``, ``# Apex AMP backward``
+   inside it): they kept apex's name, as the unwrapped block's lines counted as edited; they lose
+   the label now, as comments above other rewritten lines do.
 """
 import textwrap
 
@@ -246,3 +250,33 @@ def test_a_loss_from_a_native_autocast_switched_by_another_flag_is_refused(tmp_p
         assert "scale_loss" not in "".join(x for x in out.output.splitlines(True) if x.startswith("-"))
         assert "runs under a native autocast chosen by a condition" in out.output
         assert "join apex's condition to it by hand" in out.output
+
+
+LABELLED = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def main(use_apex):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if use_apex:
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for _ in range(3):
+            loss = model(torch.ones(2, 4, device="cuda")).sum()
+            if use_apex:
+                # Apex AMP loss scaling
+                with amp.scale_loss(loss, optimizer) as scaled:
+                    # Apex AMP backward
+                    scaled.backward()
+            else:
+                # PyTorch (with/without AMP) backward
+                loss.backward()
+            optimizer.step()
+''')
+
+
+def test_apex_labels_inside_a_collapsed_branch_go(tmp_path):
+    out = migrated(tmp_path, {"t.py": LABELLED}, "t.py")
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("#") and "apex" in line.lower()]
+    assert "        # AMP loss scaling\n        # AMP backward\n        scaler.scale(loss).backward()\n" in out

@@ -196,7 +196,7 @@ class FileChanges:
                     new_above = None
                 for k, text in ((no, new), (no - 1, new_above)):
                     a, b = src.starts[k - 1], src.line_end(k)
-                    if text is not None and not touched(a, b, [*edits, *out]):
+                    if text is not None and not touched(a, b, [*kept_apart(a, b, edits), *out]):
                         out.append(Edit(a, b, "") if text == "" else Edit(a, a + len(src.line_text(k)), text))
                 if new_above is not None:
                     done.add(no - 1)
@@ -380,6 +380,12 @@ def _assigns(line: str) -> bool:
     except SyntaxError:
         return False
     return len(body) == 1 and isinstance(body[0], (ast.Assign, ast.AnnAssign))
+
+
+def kept_apart(a: int, b: int, edits: Sequence[Edit]) -> List[Edit]:
+    """``edits`` less the regions that keep ``[a, b)`` whole inside (an ``if`` unwrapped around a
+    comment line: the line moves out with its block, and may still be edited there)."""
+    return [e for e in edits if not (e.region and e.inner and e.inner[0] <= a and b <= e.inner[1])]
 
 
 def touched(a: int, b: int, edits: Sequence[Edit]) -> bool:
