@@ -12,7 +12,8 @@ class LightningApex(Rule):
     """
     ## What it does
     Finds PyTorch Lightning's apex switches: `Trainer(amp_backend="apex", amp_level="O2")`, an
-    `amp_level` without it, and argparse options whose default is `"apex"`.  The fix drops
+    `amp_level` without it, the same keys set in a dict the Trainer is handed as `**kwargs`, and
+    argparse options whose default is `"apex"`.  The fix drops
     `amp_backend` and `amp_level` and writes `precision="16-mixed"` for `precision=16`.
 
     ## Why is this bad?
@@ -45,6 +46,8 @@ class LightningApex(Rule):
         Valid('import pytorch_lightning as pl\ntrainer = pl.Trainer(precision=16, amp_backend="native")\n'),
         Valid('trainer = MyTrainer(amp_backend="apex")\n'),
         Valid('import pytorch_lightning as pl\nconfig = Config(amp_backend="native")\n'),
+        # a dict of keys that no Lightning Trainer receives
+        Valid('import pytorch_lightning as pl\nparams = {}\nparams["amp_level"] = "O2"\nrun(**params)\n'),
     ]
     INVALID = [
         Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, precision=16, amp_backend="apex", '
@@ -66,6 +69,16 @@ class LightningApex(Rule):
         # a configuration object a Trainer reads later, in a module that uses Lightning
         Invalid('import pytorch_lightning as pl\nconfig = Config(precision=16, amp_backend="apex", amp_level="O2")\n',
                 message="a setting that picks NVIDIA apex"),
+        # keys set in a dict the Trainer is handed as `**train_params` (Hugging Face's lightning_base.py)
+        Invalid('import pytorch_lightning as pl\n\n\ndef build(args):\n    train_params = {}\n    if args.fp16:\n'
+                '        train_params["precision"] = 16\n        train_params["amp_level"] = args.fp16_opt_level\n'
+                '    return pl.Trainer.from_argparse_args(args, **train_params)\n',
+                expected='import pytorch_lightning as pl\n\n\ndef build(args):\n    train_params = {}\n    if args.fp16:\n'
+                         '        train_params["precision"] = "16-mixed"\n'
+                         '    return pl.Trainer.from_argparse_args(args, **train_params)\n'),
+        # the only statement of its block: reported, what replaces it is for a person
+        Invalid('import pytorch_lightning as pl\nkw = {}\nif fast:\n    kw["amp_backend"] = "apex"\n'
+                'trainer = pl.Trainer(**kw)\n', message="handed to a Lightning Trainer as `**kw`"),
         # no precision: float32 training, where apex never ran; only the arguments go
         Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, amp_backend="apex", amp_level="O2")\n',
                 expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1)\n',
@@ -108,6 +121,52 @@ class LightningApex(Rule):
         self.report(node, f"{what} picks NVIDIA apex, which Lightning 2.0 removed (the Trainer no longer takes "
                           f"`amp_backend`/`amp_level`); use native AMP: `precision=\"16-mixed\"`{note}",
                     Fix(done, edits))
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        """``train_params["amp_level"] = args.fp16_opt_level`` (or ``["amp_backend"] = "apex"``) in a
+        dict the same function hands to a Lightning Trainer as ``**train_params`` (Hugging Face's
+        ``lightning_base.py`` and its copies): the key goes, and ``["precision"] = 16`` becomes
+        ``"16-mixed"`` as for the keyword."""
+        if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Subscript):
+            return
+        target = node.targets[0]
+        key = string_value(target.slice)
+        if not isinstance(target.value, ast.Name) or key not in ("amp_level", "amp_backend") or (
+                key == "amp_backend" and not is_apex(node.value)):
+            return
+        name = target.value.id
+        unit = next((a for a in self.ancestors(node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                          ast.Module))), None)
+        if unit is None or not any(
+                isinstance(c, ast.Call) and self._makes_trainer(c) and any(
+                    k.arg is None and isinstance(k.value, ast.Name) and k.value.id == name for k in c.keywords)
+                for c in ast.walk(unit)):
+            return
+        what = f'`{name}["{key}"]`'
+        message = (f"{what} is handed to a Lightning Trainer as `**{name}`; it picks NVIDIA apex, which Lightning "
+                   "2.0 removed (the Trainer no longer takes `amp_backend`/`amp_level`); use native AMP: "
+                   "`precision=\"16-mixed\"`")
+        siblings = next((b for b in (getattr(self.parent(node), f, None) for f in ("body", "orelse", "finalbody"))
+                         if isinstance(b, list) and any(x is node for x in b)), None)
+        if not isinstance(siblings, list) or len(siblings) < 2:
+            self.report(node, message)  # the only statement of its block: what replaces it is for a person
+            return
+        edits = [self.edits.remove_statement(node)]
+        done = f"drop {what}"
+        for st in siblings:
+            t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name and \
+                    string_value(t.slice) == "precision" and isinstance(st.value, ast.Constant) and \
+                    st.value.value in (16, "16"):
+                edits.append(self.edits.replace(st.value, '"16-mixed"'))
+                done += '; precision 16 -> "16-mixed"'
+        self.report(node, message, Fix(done, edits))
+
+    def _makes_trainer(self, call: ast.Call) -> bool:
+        """``pl.Trainer(...)`` or ``pl.Trainer.from_argparse_args(args, ...)``."""
+        qs = self.qnames(call)
+        return bool(qs & LIGHTNING_TRAINER) or any(
+            q.endswith(".from_argparse_args") and q.rsplit(".", 1)[0] in LIGHTNING_TRAINER for q in qs)
 
     def _setting(self, node: ast.Call) -> None:
         """``Config(precision=16, amp_backend="apex")`` in a module that uses Lightning: a setting
