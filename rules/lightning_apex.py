@@ -1,4 +1,5 @@
 import ast
+from typing import Optional
 
 from ampfix.model.analysis import has_star, kwargs, string_value
 from ampfix.rule import Fix, Invalid, Rule, Valid
@@ -73,12 +74,17 @@ class LightningApex(Rule):
         Invalid('import pytorch_lightning as pl\n\n\ndef build(args):\n    train_params = {}\n    if args.fp16:\n'
                 '        train_params["precision"] = 16\n        train_params["amp_level"] = args.fp16_opt_level\n'
                 '    return pl.Trainer.from_argparse_args(args, **train_params)\n',
-                expected='import pytorch_lightning as pl\n\n\ndef build(args):\n    train_params = {}\n    if args.fp16:\n'
-                         '        train_params["precision"] = "16-mixed"\n'
+                expected='import pytorch_lightning as pl\n\n\ndef build(args):\n    train_params = {}\n'
+                         '    if args.fp16:\n        train_params["precision"] = "16-mixed"\n'
                          '    return pl.Trainer.from_argparse_args(args, **train_params)\n'),
         # the only statement of its block: reported, what replaces it is for a person
         Invalid('import pytorch_lightning as pl\nkw = {}\nif fast:\n    kw["amp_backend"] = "apex"\n'
                 'trainer = pl.Trainer(**kw)\n', message="handed to a Lightning Trainer as `**kw`"),
+        # both keys in one block: one report, one fix
+        Invalid('import pytorch_lightning as pl\nkw = {}\nif fp16:\n    kw["precision"] = 16\n'
+                '    kw["amp_level"] = "O2"\n    kw["amp_backend"] = "apex"\ntrainer = pl.Trainer(**kw)\n',
+                expected='import pytorch_lightning as pl\nkw = {}\nif fp16:\n    kw["precision"] = "16-mixed"\n'
+                         'trainer = pl.Trainer(**kw)\n'),
         # no precision: float32 training, where apex never ran; only the arguments go
         Invalid('import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1, amp_backend="apex", amp_level="O2")\n',
                 expected='import pytorch_lightning as pl\ntrainer = pl.Trainer(gpus=1)\n',
@@ -125,16 +131,11 @@ class LightningApex(Rule):
     def visit_Assign(self, node: ast.Assign) -> None:
         """``train_params["amp_level"] = args.fp16_opt_level`` (or ``["amp_backend"] = "apex"``) in a
         dict the same function hands to a Lightning Trainer as ``**train_params`` (Hugging Face's
-        ``lightning_base.py`` and its copies): the key goes, and ``["precision"] = 16`` becomes
-        ``"16-mixed"`` as for the keyword."""
-        if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Subscript):
+        ``lightning_base.py`` and its copies): one report for the block's keys, which go, and
+        ``["precision"] = 16`` becomes ``"16-mixed"`` as for the keyword."""
+        name = self._apex_key(node)
+        if name is None:
             return
-        target = node.targets[0]
-        key = string_value(target.slice)
-        if not isinstance(target.value, ast.Name) or key not in ("amp_level", "amp_backend") or (
-                key == "amp_backend" and not is_apex(node.value)):
-            return
-        name = target.value.id
         unit = next((a for a in self.ancestors(node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                           ast.Module))), None)
         if unit is None or not any(
@@ -142,16 +143,21 @@ class LightningApex(Rule):
                     k.arg is None and isinstance(k.value, ast.Name) and k.value.id == name for k in c.keywords)
                 for c in ast.walk(unit)):
             return
-        what = f'`{name}["{key}"]`'
-        message = (f"{what} is handed to a Lightning Trainer as `**{name}`; it picks NVIDIA apex, which Lightning "
-                   "2.0 removed (the Trainer no longer takes `amp_backend`/`amp_level`); use native AMP: "
-                   "`precision=\"16-mixed\"`")
-        siblings = next((b for b in (getattr(self.parent(node), f, None) for f in ("body", "orelse", "finalbody"))
-                         if isinstance(b, list) and any(x is node for x in b)), None)
-        if not isinstance(siblings, list) or len(siblings) < 2:
-            self.report(node, message)  # the only statement of its block: what replaces it is for a person
+        parent = self.parent(node)
+        siblings = next((b for b in (getattr(parent, f, None) for f in ("body", "orelse", "finalbody"))
+                         if isinstance(b, list) and any(x is node for x in b)), [node])
+        keyed = [st for st in siblings if self._apex_key(st) == name]
+        if keyed[0] is not node:
+            return  # reported with the block's first key
+        what = ", ".join(f'`{name}["{string_value(st.targets[0].slice)}"]`' for st in keyed)
+        one = len(keyed) == 1
+        message = (f"{what} {'is' if one else 'are'} handed to a Lightning Trainer as `**{name}` and "
+                   f"{'picks' if one else 'pick'} NVIDIA apex, which Lightning 2.0 removed (the Trainer no longer "
+                   "takes `amp_backend`/`amp_level`); use native AMP: `precision=\"16-mixed\"`")
+        if len(keyed) == len(siblings):
+            self.report(node, message)  # the whole block: what replaces it is for a person
             return
-        edits = [self.edits.remove_statement(node)]
+        edits = [self.edits.remove_statement(st) for st in keyed]
         done = f"drop {what}"
         for st in siblings:
             t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
@@ -161,6 +167,17 @@ class LightningApex(Rule):
                 edits.append(self.edits.replace(st.value, '"16-mixed"'))
                 done += '; precision 16 -> "16-mixed"'
         self.report(node, message, Fix(done, edits))
+
+    @staticmethod
+    def _apex_key(st) -> Optional[str]:
+        """The dict's name where ``st`` is ``d["amp_level"] = ...`` or ``d["amp_backend"] = "apex"``."""
+        t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+        if not (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)):
+            return None
+        key = string_value(t.slice)
+        if key == "amp_level" or (key == "amp_backend" and is_apex(st.value)):
+            return t.value.id
+        return None
 
     def _makes_trainer(self, call: ast.Call) -> bool:
         """``pl.Trainer(...)`` or ``pl.Trainer.from_argparse_args(args, ...)``."""

@@ -1117,7 +1117,7 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
                 if k.arg is not None and (k.arg not in kept or (id(call) in leftover and k.arg not in (
                         "models", "optimizers"))):
                     dropped.setdefault((id(m), id(func)), (m, func, []))[2].append(k.value)
-            if self.bf16 and dotted(call.func) is not None and dotted(call.func).endswith("scale_loss"):
+            if self.bf16 and (dotted(call.func) or "").endswith("scale_loss"):
                 # bfloat16: the backward is the loss's own, and no scaler reads the optimizers
                 # handed to scale_loss (`optimizer_list = [optimizer, optimizer_lif]` only for it)
                 given = call.args[1:2] + [k.value for k in call.keywords if k.arg == "optimizers"]

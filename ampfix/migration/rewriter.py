@@ -385,8 +385,10 @@ def branch_local(f, name: str, before: ast.stmt) -> Optional[Tuple[ast.IfExp, as
             bound.add(n.id)
             if n.id == name:
                 stores.append(n)
-        elif isinstance(n, (ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom)):
-            bound.update(getattr(a, "asname", None) or getattr(a, "name", a) for a in n.names)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            bound.update(n.names)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
     if len(stores) != 2:
         return None
     sts = [getattr(x, "_p", None) for x in stores]

@@ -146,7 +146,8 @@ class SeedRewrites:
             self._optimizer_made_for_apex_goes(s)
         ls = kwargs(s.call).get("loss_scale")
         chosen = branch_local(s.func, ls.id, s.stmt) if isinstance(ls, ast.Name) else None
-        if chosen is not None and all(any(n is x for x in walk(s.call)) for n in walk(s.func.node, into_functions=True)
+        in_call = {id(n) for n in ast.walk(s.call)}
+        if chosen is not None and all(id(n) in in_call for n in walk(s.func.node, into_functions=True)
                                       if isinstance(n, ast.Name) and n.id == ls.id and isinstance(n.ctx, ast.Load)):
             # the `if` that chose the loss scale, read by nothing else: the callers say the choice
             self.fc(s.module).remove(chosen[1])
@@ -1687,6 +1688,8 @@ def _idle_test(node) -> Optional[ast.If]:
 
 
 _DYNAMIC_VALUES = (None, 0, "dynamic")
+#: a comparison's operator -> the text of its negation
+_OPPOSITE = {ast.Eq: "!=", ast.NotEq: "==", ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
 #: calls a first loss scale may make and still be said as the scaler's init_scale
 _PURE_SCALE_CALLS = {"float", "int", "os.getenv", "os.environ.get"}
 
@@ -1734,13 +1737,11 @@ def loss_scale_choice(ls, code) -> Tuple[Optional[str], Optional[str]]:
                 if _restates(ls.test, other, code, negated=fixed[0] == "orelse"):
                     return dyn, static
                 test = code(ls.test)
-                flipped = {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not", ast.In: "in",
-                           ast.NotIn: "not in"}
-                opposite = {"==": "!=", "!=": "==", "is": "is not", "is not": "is", "in": "not in", "not in": "in"}
                 t = ls.test
-                if fixed[0] == "orelse" and isinstance(t, ast.Compare) and len(t.ops) == 1 and type(t.ops[0]) in flipped:
+                if fixed[0] == "orelse" and isinstance(t, ast.Compare) and len(t.ops) == 1 and \
+                        type(t.ops[0]) in _OPPOSITE:
                     # `x != 'dynamic'` chose the number: dynamic where `x == 'dynamic'`
-                    test = f"{code(t.left)} {opposite[flipped[type(t.ops[0])]]} {code(t.comparators[0])}"
+                    test = f"{code(t.left)} {_OPPOSITE[type(t.ops[0])]} {code(t.comparators[0])}"
                 elif fixed[0] == "orelse":
                     simple = isinstance(ls.test, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
                     test = f"not {test}" if simple else f"not ({test})"

@@ -1828,4 +1828,3 @@ def _switched_autocast_before(unit, site, loss) -> Optional[ast.With]:
             if bound & names:
                 return w
     return None
-
