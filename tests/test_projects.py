@@ -42,6 +42,9 @@ ENTRIES = {
     "resume_setup": [["train.py", "--epochs", "2", "--apex"], ["train.py", "--epochs", "1", "--apex", "--resume"],
                      ["train.py", "--epochs", "1", "--apex", "--apex-loss-scale", "128"], ["train.py", "--epochs", "1"]],
     "flag_trainer": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--amp", "O1"]],
+    # both paths, the apex wrapper class in a helper module beside a native twin of another name:
+    # the class goes with the branch that alone used it; `if True:  # args.distributed` stays
+    "twin_elsewhere": [["main.py", "--epochs", "1"], ["main.py", "--epochs", "1", "--apex_amp"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says
     "library_entry": [["../drive.py", "--use-amp", "--epochs", "2"], ["../drive.py", "--epochs", "2"]],

@@ -35,7 +35,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.engine.tidy import checks_for_apex
+from ampfix.engine.tidy import apex_comment_above, checks_for_apex
 from ampfix.model.analysis import (AUTOCAST, GRADSCALER, is_const, is_log_call, method_call, receiver, string_value,
                                    torch_version_test)
 from ampfix.migration.flow import stmt_of
@@ -130,6 +130,7 @@ class DualPlanner:
                     x.plan(g)
                 for x in members:
                     self.dead |= x.dead
+                self._classes_that_go(members, g)
             except Refuse as exc:
                 g.refusal = str(exc)
             except Exception as exc:  # a planner bug: the module is left whole
@@ -139,6 +140,55 @@ class DualPlanner:
                     g.add_use(x.m.path, n)
             out.append(g)
         return out
+
+    def _classes_that_go(self, members: List["DualModule"], g: Group) -> None:
+        """An apex wrapper class that only the apex path used (``loss_scaler = ApexScaler()`` in
+        the branch that goes, imported from the project's ``util/misc.py``, whose native twin has
+        another name: ``NativeScalerWithGradNormCount``) goes with it, where every module that
+        names it is planned here and reads it only in code that goes (its import goes then too),
+        and no file outside the run names it."""
+        planned = {id(x.m): x for x in members}
+        dead: Set[int] = set().union(*(x.dead for x in members))
+        for m in list(self.p.modules.values()):
+            if not m.editable or "apex" not in m.src.text:
+                continue
+            for c in m.tree.body:
+                if not isinstance(c, ast.ClassDef) or "apex" not in c.name.lower() or id(c) in self.dead \
+                        or c.decorator_list or not any(q.startswith("apex.amp") for _, q in apex_uses(m.sem, c)):
+                    continue
+                if self._read_outside(c, m, planned, dead) or self.p.mentioned_elsewhere(c.name):
+                    continue
+                fc = g.file(m)
+                fc.remove(c, obsolete=True)
+                fc.removes.extend(apex_import_specs(m))
+                for n, _ in apex_uses(m.sem, c):
+                    g.add_use(m.path, n)
+                self.dead |= {id(x) for x in walk(c, into_functions=True)}
+
+    def _read_outside(self, c: ast.ClassDef, home, planned, dead: Set[int]) -> bool:
+        """Some module reads class ``c`` (of module ``home``) in code that stays, or names it in a
+        way this plan does not remove (an import in a module not planned here, ``__all__``)."""
+        inside = {id(x) for x in walk(c, into_functions=True)}
+        named = False
+        self.p.read_mentioning(c.name)
+        for mm in list(self.p.modules.values()):
+            if c.name not in mm.src.text:
+                continue
+            for n in walk(mm.tree, into_functions=True):
+                if isinstance(n, ast.Constant) and n.value == c.name:
+                    return True  # `__all__ = ["ApexScaler"]`, getattr(misc, "ApexScaler")
+                if isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+                        (a.asname or a.name).split(".")[-1] == c.name for a in n.names):
+                    if mm is not home and id(mm) not in planned:
+                        return True
+                    continue
+                hit = (isinstance(n, ast.Name) and n.id == c.name) or (isinstance(n, ast.Attribute) and n.attr == c.name)
+                if not hit or id(n) in inside:
+                    continue
+                if id(n) not in dead:
+                    return True
+                named = True
+        return not named
 
     def _planner_bug(self, m, exc) -> Group:
         """The refused group of a module whose planning failed: its apex uses, which the other
@@ -178,6 +228,7 @@ class DualModule:
         self.dead: Set[int] = set()
         self.folded: Set[int] = set()  # ids of reads of a flag now True that leave their test
         self.claimed: List[ast.AST] = []
+        self.unwrapped: Dict[int, object] = {}  # id of a dropped `if` -> the edit that unwraps its else
         #: id of a class that extends a framework's trainer -> the apex flags the framework settles
         self.framework: Dict[int, Dict[str, bool]] = self._framework_flags()
         for c, flags in self.framework.items():
@@ -406,6 +457,9 @@ class DualModule:
                     continue
                 if isinstance(n, (ast.If, ast.Assert)):
                     self._in_function = self.m.function_of(n) is not None
+                if isinstance(n, (ast.If, ast.Assert, ast.IfExp)) and (
+                        _constant(n.test) or self._version_test_of_other_things(n)):
+                    continue  # `if True:  # args.distributed`: the author's own switch, not apex's
                 if isinstance(n, ast.If):
                     v = self._value(n.test)
                     if v is None and self._restates_the_if_before(n):
@@ -723,7 +777,8 @@ class DualModule:
                 value = st.value.value
             elif isinstance(st, ast.If) and any(isinstance(x, ast.Assign) and any(
                     isinstance(t, ast.Name) and t.id == name for t in x.targets) for x in walk(st)):
-                known = self._value(st.test)  # `if torch >= 1.6: flag = True` (no else)
+                # `if torch >= 1.6: flag = True` (no else); not a version test of other things
+                known = None if self._version_test_of_other_things(st) else self._value(st.test)
                 dead_body = (st, "body") in self.dead_branches or known is False
                 dead_else = (st, "orelse") in self.dead_branches or known is True
                 if dead_body:
@@ -738,6 +793,15 @@ class DualModule:
             if value == "?":
                 return "?"
         return value
+
+    def _version_test_of_other_things(self, n) -> bool:
+        """``if version.parse(torch.__version__) < version.parse("1.2"): _use_ddp_no_sync = False``:
+        a test of the torch version whose statement says nothing of mixed precision (no apex, no
+        amp, no fp16 in it) is the author's own business: it is not folded."""
+        if not any(torch_version_test(x) is not None for x in ast.walk(n.test)):
+            return False
+        text = self.m.src.code(n).lower()
+        return not re.search(r"apex|\bamp\b|_amp\b|\bamp_|fp16|half|autocast|scaler", text)
 
     def _restates_the_if_before(self, n: ast.If) -> bool:
         """``if a and <true fact>: ... elif a: ...``: the ``elif`` runs only where ``a`` is false,
@@ -928,6 +992,7 @@ class DualModule:
             fc.drop_comment_above(node, named=True)
             return
         fc.unwrap(node, node.orelse)
+        self.unwrapped[id(node)] = fc.edits[-1]
         fc.touched.add(id(node))
         fc.drop_comment_above(node)  # `# switch between native AMP and apex` no longer says anything
 
@@ -1099,6 +1164,24 @@ class DualModule:
                         isinstance(n.value, ast.Constant) and id(n) not in self.dead and id(n) not in fc.touched \
                         and (not self._inside_dropped(n) or self._kept_whole(n)):
                     fc.remove(n)
+                elif isinstance(n, ast.If) and id(n) in self.unwrapped and len(n.orelse) == 1 and \
+                        isinstance(n.orelse[0], ast.Assign) and len(n.orelse[0].targets) == 1 and \
+                        dotted(n.orelse[0].targets[0]) == flag and isinstance(n.orelse[0].value, ast.Constant):
+                    # `if torch < 1.6: <apex> else: _use_native_amp = True`: the branch that stays
+                    # is the store alone, and nothing reads the flag: the `if` goes whole
+                    fc.edits.remove(self.unwrapped.pop(id(n)))
+                    src = self.m.src
+                    top = fc.b.first_line(n)
+                    start, end = src.starts[top - 1], src.line_end(n.end_lineno)
+                    # (the comment right above that speaks of apex went with the branch)
+                    top = apex_comment_above(src, top) or top
+                    # with the blank lines after it, where blank lines come before it too
+                    after = n.end_lineno + 1
+                    while after <= src.line_count and not src.line_text(after).strip() and \
+                            top > 1 and not src.line_text(top - 1).strip():
+                        end = src.line_end(after)
+                        after += 1
+                    fc.edits.append(_edit(start, end, ""))
 
         # `_use_native_amp = False` at the top, `= True` (now unconditional) below it: the first
         # is a store nothing reads
@@ -1179,6 +1262,11 @@ def _rebound_after(unit, name: str, t: ast.Try, h: ast.ExceptHandler) -> bool:
                 dotted(x) == name and id(x) not in inside and x.lineno >= t.lineno:
             return True
     return False
+
+
+def _constant(e) -> bool:
+    """A test made of literals alone (``True``, ``0``, ``not False``): it says nothing of apex."""
+    return all(isinstance(x, (ast.Constant, ast.BoolOp, ast.UnaryOp, ast.boolop, ast.unaryop)) for x in ast.walk(e))
 
 
 def _membership(e) -> Optional[Tuple[str, Set[str]]]:

@@ -88,6 +88,8 @@ class Fp16Planner:
             uses = [(n, q) for n, q in apex_uses(m.sem, m.tree) if id(n) not in skip and (
                 q in CTORS or q in CONVERTERS or (q.startswith("apex.fp16_utils") and q not in STANDALONE))]
             if not any(q in CTORS or q in CONVERTERS for _, q in uses):
+                if uses:
+                    out.append(self._parts_only(m, uses))
                 continue
             g = Group(f"fp16:{m.path}", "fp16")
             for n, _ in uses:
@@ -100,6 +102,21 @@ class Fp16Planner:
                 g.refusal = f"ampfix could not plan this migration ({type(exc).__name__}: {exc}); please report it"
             out.append(g)
         return out
+
+    @staticmethod
+    def _parts_only(m, uses) -> Group:
+        """A module that builds on apex's FP16_Optimizer parts (``DynamicLossScaler``,
+        ``model_grads_to_master_grads``) without making one: the project's own mixed-precision
+        optimizer, a port of apex's (Megatron's ``fp16.py``).  Nothing native maps part by part:
+        refused, saying so."""
+        g = Group(f"fp16:{m.path}", "fp16")
+        for n, _ in uses:
+            g.add_use(m.path, n)
+        n, q = min(uses, key=lambda u: (u[0].lineno, u[0].col_offset))
+        g.refusal = (f"`{q}` at line {n.lineno} is a part of apex's FP16_Optimizer, used here to build a "
+                     "mixed-precision optimizer of the module's own: no automatic rewrite; where the project "
+                     "uses that optimizer, a torch.amp.GradScaler and torch.autocast replace it, by hand")
+        return g
 
 
 class Fp16Plan(Rewriter):
