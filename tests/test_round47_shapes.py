@@ -18,6 +18,11 @@
    flag, deleted).  A version test whose statement says nothing of mixed precision stays.  And the
    one that chose native AMP, once its ``else: _use_native_amp = True`` is all that is left of it
    and nothing reads the flag, goes whole (the store was left behind, a module global nothing read).
+5. Apex used only on a torch older than native AMP (``if use_fp16 and LooseVersion(torch.__version__)
+   < LooseVersion('1.6.0'): from apex import amp; model, optimizer = amp.initialize(...)``, EasyCV's
+   ``train_model``; its hooks use native AMP from 1.6 on) in a module with no native AMP of its own:
+   refused before ("never used with amp.scale_loss in the files given"); the branch never runs on the
+   torch native AMP needs, and goes.
 """
 import textwrap
 
@@ -205,3 +210,35 @@ def test_a_version_test_of_other_things_stays(tmp_path):
     assert ('if version.parse(torch.__version__) < version.parse("1.2"):\n    _use_ddp_no_sync = False\nelse:\n'
             '    _use_ddp_no_sync = True\n') in out
     assert 'if _use_ddp_no_sync:\n        print("no_sync")\n    else:\n        print("sync")\n' in out
+
+
+OLD_TORCH_ONLY = textwrap.dedent('''\
+    from distutils.version import LooseVersion
+
+    import torch
+
+
+    def train_model(model, optimizer, loader, use_fp16=False):
+        model = model.cuda()
+
+        # apex needs the model before DDP wraps it; from torch 1.6 the hooks use native AMP
+        if use_fp16 and LooseVersion(torch.__version__) < LooseVersion('1.6.0'):
+            from apex import amp
+            model, optimizer = amp.initialize(model, optimizer, opt_level='O1')
+
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        for batch in loader:
+            loss = model(batch).sum()
+            loss.backward()
+            optimizer.step()
+''')
+
+
+def test_apex_only_on_an_old_torch_goes(tmp_path):
+    write(tmp_path, {"train.py": OLD_TORCH_ONLY})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "apex" not in text and "LooseVersion" not in text and "amp" not in text
+    assert "    model = model.cuda()\n\n    model = torch.nn.parallel.DistributedDataParallel(model)\n" in text
+    assert "GradScaler" not in text and "autocast" not in text  # nothing of it ran on torch >= 1.6

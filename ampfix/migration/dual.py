@@ -239,13 +239,14 @@ class DualModule:
     def applies(self) -> bool:
         tree = self.m.tree
         # a class that extends a framework's trainer has its native path there (`self.use_amp`)
-        if not self._native_path() and not self.framework:
+        old_torch_only = self._old_torch_only()
+        if not self._native_path() and not self.framework and not old_torch_only:
             # no native path beside the apex one: the apex branch itself becomes native AMP (the
             # other planners), and a has_apex flag keeps True, the value of that path
             return False
         self._flags()
         self._selectors()
-        gated = bool(self.fallbacks) or any(
+        gated = bool(self.fallbacks) or old_torch_only or any(
             isinstance(n, ast.If) and (torch_version_test(n.test) is not None or self._apex_choice(n))
             for n in walk(tree, into_functions=True))
         if not self.compared and not self.cli and not self.flags and not gated and not self.inherited:
@@ -254,6 +255,27 @@ class DualModule:
         # a dual path: some apex use sits in a branch that can no longer run
         uses = [n for n, q in apex_uses(self.m.sem, tree)]
         return any(id(n) in self.dead for n in uses)
+
+    def _old_torch_only(self) -> bool:
+        """Apex is used only under a test that holds on a torch older than native AMP (``if
+        use_fp16 and LooseVersion(torch.__version__) < LooseVersion('1.6.0'): amp.initialize(...)``,
+        EasyCV's ``train_model``, whose hooks use native AMP from 1.6 on): that branch never runs on
+        the torch native AMP needs, so it goes, whether or not this module has native AMP itself."""
+        uses = [n for n, q in apex_uses(self.m.sem, self.m.tree) if q.startswith("apex.amp")]
+        if not uses:
+            return False
+        gone: Set[int] = set()
+        for n in walk(self.m.tree, into_functions=True):
+            if isinstance(n, ast.If) and any(torch_version_test(x) is False for x in ast.walk(n.test)) and \
+                    self._value(n.test) is False:
+                gone |= {id(x) for st in n.body for x in walk(st, into_functions=True)}
+        return bool(gone) and all(id(n) in gone or self._is_import_of(n) for n in uses)
+
+    def _is_import_of(self, n) -> bool:
+        p = n
+        while p is not None and not isinstance(p, ast.stmt):
+            p = getattr(p, "_p", None)
+        return isinstance(p, (ast.Import, ast.ImportFrom))
 
     def _native_path(self) -> bool:
         """The module (or one it imports a twin from) already has native AMP: autocast, GradScaler,
