@@ -242,3 +242,15 @@ def test_apex_only_on_an_old_torch_goes(tmp_path):
     assert "apex" not in text and "LooseVersion" not in text and "amp" not in text
     assert "    model = model.cuda()\n\n    model = torch.nn.parallel.DistributedDataParallel(model)\n" in text
     assert "GradScaler" not in text and "autocast" not in text  # nothing of it ran on torch >= 1.6
+
+
+def test_an_old_torch_test_beside_a_choice_of_apex_is_read_before_the_choices_are(tmp_path):
+    # the old-torch test is read before the module's selectors are (`args.amp_impl == "apex"`
+    # reads them): it must not fail there, and the branch goes as before
+    src = OLD_TORCH_ONLY.replace("if use_fp16 and LooseVersion", "if amp_impl == 'apex' and LooseVersion").replace(
+        "use_fp16=False", "amp_impl='native'")
+    write(tmp_path, {"train.py": src})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    assert "please report" not in out.output
+    assert "apex" not in (tmp_path / "train.py").read_text().replace("amp_impl == 'apex'", "")

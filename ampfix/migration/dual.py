@@ -213,6 +213,7 @@ class DualModule:
         self.settled: Dict[str, bool] = {}  # module-level flags' values once the module has loaded
         self._in_function = False  # the test being evaluated is inside a function
         self.selectors: Dict[str, str] = {}  # expression source -> its native value
+        self.compared: Set[str] = set()  # selectors compared with "apex" (:meth:`_selectors`)
         self.cli: Dict[str, Tuple[str, str]] = {}  # args.X -> (native value / twin flag, kind "value"|"flag")
         self.dead_branches: List[Tuple[ast.If, str]] = []  # (if, "body"|"orelse") that cannot run
         #: `try: <apex's initialize> except: scaler = GradScaler()`: the handler, which runs now
