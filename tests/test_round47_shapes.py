@@ -23,6 +23,14 @@
    ``train_model``; its hooks use native AMP from 1.6 on) in a module with no native AMP of its own:
    refused before ("never used with amp.scale_loss in the files given"); the branch never runs on the
    torch native AMP needs, and goes.
+6. An evaluation copy of a training script (``validate.py`` made from ``main.py``, training stubbed
+   out): ``model, optimizer = amp.initialize(model, optimizer, ...)`` and the optimizer then handed
+   only to functions that read it (``build_scheduler(config, optimizer, n)``, ``load_checkpoint(...,
+   optimizer, ...)``, a ``train_one_epoch`` that is ``pass``).  Refused before ("never used with
+   amp.scale_loss ... its backward is unscaled": there is no backward); an inference seed now (the
+   forward under autocast, no GradScaler), the checkpoint loader's scaler optional.  Handed to a
+   function that steps it, stores it or is not the project's, it stays a training seed; so it does
+   in a function nothing in the project calls (its callers would be asked for a scaler).
 """
 import textwrap
 
@@ -254,3 +262,127 @@ def test_an_old_torch_test_beside_a_choice_of_apex_is_read_before_the_choices_ar
     assert out.exit_code == 0, out.output
     assert "please report" not in out.output
     assert "apex" not in (tmp_path / "train.py").read_text().replace("amp_impl == 'apex'", "")
+
+
+UTILS = textwrap.dedent('''\
+    import torch
+    try:
+        from apex import amp
+    except ImportError:
+        amp = None
+
+
+    def load_checkpoint(path, model, optimizer, scheduler):
+        ck = torch.load(path)
+        model.load_state_dict(ck['model'])
+        optimizer.load_state_dict(ck['optimizer'])
+        scheduler.load_state_dict(ck['scheduler'])
+        if 'amp' in ck:
+            amp.load_state_dict(ck['amp'])
+''')
+
+SCHED = textwrap.dedent('''\
+    import torch
+
+
+    class WarmupLR(torch.optim.lr_scheduler.LambdaLR):
+        def __init__(self, optimizer, steps):
+            super().__init__(optimizer, lambda s: min(1.0, (s + 1) / steps))
+
+
+    def build_scheduler(optimizer, steps):
+        return WarmupLR(optimizer, steps)
+''')
+
+TRAIN = textwrap.dedent('''\
+    import torch
+    from apex import amp
+    from sched import build_scheduler
+    from utils import load_checkpoint
+
+
+    def train_one_epoch(model, optimizer, loader):
+        for x in loader:
+            loss = model(x).sum()
+            optimizer.zero_grad()
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+
+
+    def main(args):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level='O1')
+        scheduler = build_scheduler(optimizer, 10)
+        if args.resume:
+            load_checkpoint(args.resume, model, optimizer, scheduler)
+        train_one_epoch(model, optimizer, [torch.ones(2, 4, device='cuda')])
+''')
+
+EVAL = textwrap.dedent('''\
+    import torch
+    from apex import amp
+    from sched import build_scheduler
+    from utils import load_checkpoint
+
+
+    def train_one_epoch(model, optimizer, loader):
+        pass
+
+
+    @torch.no_grad()
+    def validate(model, loader):
+        return sum(model(x).sum().item() for x in loader)
+
+
+    def main(args):
+        model = torch.nn.Linear(4, 4).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level='O1')
+        scheduler = build_scheduler(optimizer, 10)
+        load_checkpoint(args.resume, model, optimizer, scheduler)
+        print(validate(model, [torch.ones(2, 4, device='cuda')]))
+
+
+    if __name__ == "__main__":
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--resume")
+        main(p.parse_args())
+''')
+
+
+def test_an_evaluation_copy_of_the_training_script_is_an_inference_seed(tmp_path):
+    write(tmp_path, {"utils.py": UTILS, "sched.py": SCHED, "main.py": TRAIN, "validate.py": EVAL})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    ev = (tmp_path / "validate.py").read_text()
+    assert "amp" not in ev.replace("torch.autocast", "") and "GradScaler" not in ev
+    assert 'with torch.autocast("cuda", dtype=torch.float16):\n        print(validate(' in ev
+    utils = (tmp_path / "utils.py").read_text()
+    assert "def load_checkpoint(path, model, optimizer, scheduler, *, scaler=None):" in utils
+    assert "    if scaler is not None and 'amp' in ck:\n        scaler.load_state_dict(" in utils
+    assert "from apex" not in utils and "amp = None" not in utils
+    assert "def main(args):" in ev and "    load_checkpoint(args.resume, model, optimizer, scheduler)\n" in ev
+    main = (tmp_path / "main.py").read_text()
+    assert "load_checkpoint(args.resume, model, optimizer, scheduler, scaler=scaler)" in main
+    for name, text in (("validate.py", ev), ("utils.py", utils), ("main.py", main)):
+        compile(text, name, "exec")
+
+
+def test_an_optimizer_handed_to_a_function_that_steps_it_still_trains(tmp_path):
+    ev = EVAL.replace("def train_one_epoch(model, optimizer, loader):\n    pass\n",
+                      "def train_one_epoch(model, optimizer, loader):\n    optimizer.step()\n").replace(
+        "    print(validate(", "    train_one_epoch(model, optimizer, [])\n    print(validate(")
+    write(tmp_path, {"utils.py": UTILS, "sched.py": SCHED, "main.py": TRAIN, "validate.py": ev})
+    out = run(tmp_path)
+    assert "never used with amp.scale_loss" in out.output
+
+
+def test_an_evaluation_function_nothing_calls_is_left_as_before(tmp_path):
+    ev = EVAL[:EVAL.index("\n\nif __name__")] + "\n"
+    write(tmp_path, {"utils.py": UTILS, "sched.py": SCHED, "main.py": TRAIN, "validate.py": ev})
+    out = run(tmp_path)
+    assert "never used with amp.scale_loss" in out.output
+    assert "def main(args, *, scaler)" not in out.output

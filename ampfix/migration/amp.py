@@ -25,7 +25,7 @@ import ast
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import arg, has_star, is_const, spread_kwargs
+from ampfix.model.analysis import SCHEDULE_NAME, arg, has_star, is_const, spread_kwargs
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.flow import (
     OPTIMIZERS,
@@ -817,8 +817,7 @@ class AmpPlanner:
         returns = {id(n) for r in walk(f.node) if isinstance(r, ast.Return) for n in walk(r)}
         return not any(n.id == opt or (n.id == targets[0] and id(n) not in returns) for n in after)
 
-    @staticmethod
-    def _never_trains(s: Seed) -> bool:
+    def _never_trains(self, s: Seed) -> bool:
         """An evaluation script that copied ``model, optimizer = amp.initialize(...)`` from its
         trainer: nothing reads the optimizer after it and nothing in the module runs a backward,
         so apex only cast the forward passes (an inference seed)."""
@@ -843,12 +842,77 @@ class AmpPlanner:
             return False
         unit = s.func.node if s.func is not None else m.tree
         end = s.stmt.end_lineno
+        # (a function nothing in the project calls would take a scaler from its callers for what it
+        # hands the optimizer to: only where it is called, or is module-level code, may it be read)
+        called = s.func is None or bool(self.p.callers(s.func))
         for n in walk(unit, into_functions=True):
             if isinstance(n, ast.Name) and n.id in opt_names and isinstance(n.ctx, ast.Load) and (
-                    n.lineno > end or m.function_of(n) is not s.func):
+                    n.lineno > end or m.function_of(n) is not s.func) and not (
+                    called and self._handed_to_no_training(m, n)):
                 return False
         return True
 
+    def _handed_to_no_training(self, m, n) -> bool:
+        """``n`` (the optimizer) is an argument of a call of a project function that only reads it:
+        calls its methods other than ``step`` (``load_state_dict``), reads its ``param_groups``,
+        hands it to a schedule (``CosineLRScheduler(optimizer, ...)``) or to another such function
+        (``build_scheduler(config, optimizer, steps)``, ``load_checkpoint(..., optimizer, ...)``, a
+        ``train_one_epoch`` stubbed out in an evaluation copy of the training script).  Stored,
+        returned or handed to anything else, it may train there."""
+        call = getattr(n, "_p", None)
+        if isinstance(call, ast.keyword):
+            call = getattr(call, "_p", None)
+        if not isinstance(call, ast.Call) or call.func is n:
+            return False
+        f, bound = self.p.resolve(m, call.func)
+        todo = [(f, self._param_given(call, n, f, bound))]
+        seen: Set[tuple] = set()
+        while todo:
+            f, param = todo.pop()
+            if f is not None and SCHEDULE_NAME.search(f.cls.name if f.node.name == "__init__" and f.cls else f.node.name):
+                continue  # a schedule keeps the optimizer to set its learning rate
+            if f is None or param is None or f.node.name == "__init__":
+                return False  # a library's function, an argument not named, or kept by an object
+            if (id(f.node), param) in seen:
+                continue
+            seen.add((id(f.node), param))
+            if len(seen) > 20:
+                return False
+            for x in walk(f.node, into_functions=True):
+                if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr in (
+                        "backward", "scale_loss"):
+                    return False
+                if not (isinstance(x, ast.Name) and x.id == param and isinstance(x.ctx, ast.Load)):
+                    continue
+                p = getattr(x, "_p", None)
+                if isinstance(p, ast.Attribute) and p.value is x:
+                    if p.attr == "step":
+                        return False
+                    continue  # `optimizer.load_state_dict(...)`, `optimizer.param_groups`
+                c = getattr(p, "_p", None) if isinstance(p, ast.keyword) else p
+                if not isinstance(c, ast.Call) or c.func is x:
+                    return False
+                g, gb = self.p.resolve(f.module, c.func)
+                if g is None:
+                    if not SCHEDULE_NAME.search(dotted(c.func) or ""):
+                        return False
+                    continue
+                todo.append((g, self._param_given(c, x, g, gb)))
+        return True
+
+    @staticmethod
+    def _param_given(call: ast.Call, arg, f, bound) -> Optional[str]:
+        """The parameter of ``f`` that ``call`` gives ``arg``."""
+        if f is None:
+            return None
+        for k in call.keywords:
+            if k.value is arg:
+                return k.arg
+        pos = f.positional[1:] if bound else f.positional
+        for i, a in enumerate(call.args):
+            if a is arg:
+                return pos[i] if i < len(pos) and not isinstance(a, ast.Starred) else None
+        return None
 
 
 class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, EvaluationRewrites, Rewriter):
