@@ -386,3 +386,13 @@ def test_an_evaluation_function_nothing_calls_is_left_as_before(tmp_path):
     out = run(tmp_path)
     assert "never used with amp.scale_loss" in out.output
     assert "def main(args, *, scaler)" not in out.output
+
+
+def test_an_optimizer_kept_by_an_object_still_trains(tmp_path):
+    # `WarmupTrainer(optimizer)` keeps it: a method may step it; only a schedule's constructor is trusted
+    trainer = "class WarmupTrainer:\n    def __init__(self, optimizer):\n        self.optimizer = optimizer\n"
+    ev = EVAL.replace("from utils import load_checkpoint\n", "from utils import load_checkpoint\nfrom trainer import WarmupTrainer\n")
+    ev = ev.replace("    print(validate(", "    WarmupTrainer(optimizer)\n    print(validate(")
+    write(tmp_path, {"utils.py": UTILS, "sched.py": SCHED, "main.py": TRAIN, "validate.py": ev, "trainer.py": trainer})
+    out = run(tmp_path)
+    assert "never used with amp.scale_loss" in out.output

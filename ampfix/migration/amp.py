@@ -22,10 +22,11 @@ use the model run under autocast.  ``opt_level="O3"`` makes the model ``.half()`
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import SCHEDULE_NAME, arg, has_star, is_const, spread_kwargs
+from ampfix.model.analysis import arg, has_star, is_const, spread_kwargs
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.flow import (
     OPTIMIZERS,
@@ -69,6 +70,11 @@ def _last_param(f, name: Optional[str]) -> bool:
     """``name`` is the def's last parameter, with nothing after it (so it can go)."""
     a = f.node.args
     return bool(name) and not (a.vararg or a.kwonlyargs or a.kwarg) and bool(a.args) and a.args[-1].arg == name
+
+
+#: a schedule, by its name (``CosineLRScheduler``, ``LambdaLR``, ``get_linear_schedule_with_warmup``):
+#: handed the optimizer, it sets learning rates and trains nothing
+_SCHEDULE = re.compile(r"(?i:sched)|LR(?:[A-Z]|$)")
 
 
 class AmpPlanner:
@@ -869,8 +875,13 @@ class AmpPlanner:
         seen: Set[tuple] = set()
         while todo:
             f, param = todo.pop()
-            if f is not None and SCHEDULE_NAME.search(f.cls.name if f.node.name == "__init__" and f.cls else f.node.name):
-                continue  # a schedule keeps the optimizer to set its learning rate
+            if f is not None and f.node.name == "__init__" and f.cls is not None and _SCHEDULE.search(f.cls.name):
+                # a schedule keeps the optimizer to set its learning rate: none of its code trains
+                if any(isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and (
+                        x.func.attr in ("backward", "scale_loss") or x.func.attr == "step" and "optim" in (
+                        dotted(x.func.value) or "").lower()) for x in walk(f.cls, into_functions=True)):
+                    return False
+                continue
             if f is None or param is None or f.node.name == "__init__":
                 return False  # a library's function, an argument not named, or kept by an object
             if (id(f.node), param) in seen:
@@ -894,8 +905,8 @@ class AmpPlanner:
                     return False
                 g, gb = self.p.resolve(f.module, c.func)
                 if g is None:
-                    if not SCHEDULE_NAME.search(dotted(c.func) or ""):
-                        return False
+                    if not _SCHEDULE.search(dotted(c.func) or ""):
+                        return False  # a library's function other than a schedule's: it may train
                     continue
                 todo.append((g, self._param_given(c, x, g, gb)))
         return True
