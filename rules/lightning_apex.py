@@ -1,5 +1,5 @@
 import ast
-from typing import Optional
+from typing import Optional, Tuple
 
 from ampfix.model.analysis import has_star, kwargs, string_value
 from ampfix.rule import Fix, Invalid, Rule, Valid
@@ -160,9 +160,7 @@ class LightningApex(Rule):
         edits = [self.edits.remove_statement(st) for st in keyed]
         done = f"drop {what}"
         for st in siblings:
-            t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
-            if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name and \
-                    string_value(t.slice) == "precision" and isinstance(st.value, ast.Constant) and \
+            if _dict_key(st) == (name, "precision") and isinstance(st.value, ast.Constant) and \
                     st.value.value in (16, "16"):
                 edits.append(self.edits.replace(st.value, '"16-mixed"'))
                 done += '; precision 16 -> "16-mixed"'
@@ -171,12 +169,9 @@ class LightningApex(Rule):
     @staticmethod
     def _apex_key(st) -> Optional[str]:
         """The dict's name where ``st`` is ``d["amp_level"] = ...`` or ``d["amp_backend"] = "apex"``."""
-        t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
-        if not (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)):
-            return None
-        key = string_value(t.slice)
+        name, key = _dict_key(st) or (None, None)
         if key == "amp_level" or (key == "amp_backend" and is_apex(st.value)):
-            return t.value.id
+            return name
         return None
 
     def _makes_trainer(self, call: ast.Call) -> bool:
@@ -193,3 +188,11 @@ class LightningApex(Rule):
                 self.report(k.value, "a setting that picks NVIDIA apex for Lightning's `amp_backend`, which "
                                      "Lightning 2.0 removed; choose native AMP (`precision=\"16-mixed\"`) and drop "
                                      "`amp_backend`/`amp_level` where the Trainer is given them")
+
+
+def _dict_key(st) -> Optional[Tuple[str, Optional[str]]]:
+    """(the dict's name, the key) where ``st`` is ``d["key"] = value``."""
+    t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+        return t.value.id, string_value(t.slice)
+    return None

@@ -154,14 +154,16 @@ class DualPlanner:
                 continue
             for c in m.tree.body:
                 if not isinstance(c, ast.ClassDef) or "apex" not in c.name.lower() or id(c) in self.dead \
-                        or c.decorator_list or not any(q.startswith("apex.amp") for _, q in apex_uses(m.sem, c)):
+                        or c.decorator_list:
                     continue
-                if self._read_outside(c, m, planned, dead) or self.p.mentioned_elsewhere(c.name):
+                uses = apex_uses(m.sem, c)
+                if not any(q.startswith("apex.amp") for _, q in uses) or self._read_outside(c, m, planned, dead) \
+                        or self.p.mentioned_elsewhere(c.name):
                     continue
                 fc = g.file(m)
                 fc.remove(c, obsolete=True)
                 fc.removes.extend(apex_import_specs(m))
-                for n, _ in apex_uses(m.sem, c):
+                for n, _ in uses:
                     g.add_use(m.path, n)
                 self.dead |= {id(x) for x in walk(c, into_functions=True)}
 
@@ -270,13 +272,7 @@ class DualModule:
             if isinstance(n, ast.If) and any(torch_version_test(x) is False for x in ast.walk(n.test)) and \
                     self._value(n.test) is False:
                 gone |= {id(x) for st in n.body for x in walk(st, into_functions=True)}
-        return bool(gone) and all(id(n) in gone or self._is_import_of(n) for n in uses)
-
-    def _is_import_of(self, n) -> bool:
-        p = n
-        while p is not None and not isinstance(p, ast.stmt):
-            p = getattr(p, "_p", None)
-        return isinstance(p, (ast.Import, ast.ImportFrom))
+        return bool(gone) and all(id(n) in gone or isinstance(stmt_of(n), (ast.Import, ast.ImportFrom)) for n in uses)
 
     def _native_path(self) -> bool:
         """The module (or one it imports a twin from) already has native AMP: autocast, GradScaler,

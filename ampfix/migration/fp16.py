@@ -26,10 +26,10 @@ float32, autocast casts per op, and a GradScaler scales:
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import (SCHEDULE_NAME, arg, has_star, is_const, kwargs, method_call, receiver,
-                                   string_value)
+from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
@@ -62,6 +62,9 @@ FP16_OWN = {
     "_set_loss_scale", "_master_params_to_model_params", "_step_with_closure", "_dummy_overflow_buf",
     "_get_param_groups", "_set_param_groups", "_get_state", "_set_state", "__getstate__", "__setstate__"}
 HALF_TYPES = {"torch.cuda.HalfTensor", "torch.HalfTensor"}
+#: what a schedule made of the optimizer is called: torch's ``*LR`` classes (``LambdaLR``, ``OneCycleLR``,
+#: ``ReduceLROnPlateau``), pytorch-transformers' ``WarmupLinearSchedule``, ``get_*_schedule_with_warmup``
+SCHEDULE_NAME = re.compile(r"(?i:sched|warmup)|LR(?:[A-Z]|$)")
 SCHEDULE_KW = {"warmup", "t_total", "schedule", "num_warmup_steps", "num_training_steps"}
 CHECKPOINT_NOTE = ("optimizer.state_dict() is now the plain optimizer's: checkpoints that FP16_Optimizer wrote load "
                    "after `ampfix convert-checkpoint`; save scaler.state_dict() beside it")

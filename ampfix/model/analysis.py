@@ -7,7 +7,6 @@ names is computed per function (each function's locals are its own).
 from __future__ import annotations
 
 import ast
-import re
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ampfix.model.semantic import DEFS, LOOPS, base_name, block_of, dotted, walk
@@ -662,9 +661,3 @@ def torch_version_test(e) -> Optional[bool]:
         return None
     below = isinstance(e.ops[0], (ast.Lt, ast.LtE))  # torch (left) is below the release
     return (not below) if has_torch[0] else below
-
-
-#: what a schedule made of the optimizer is called: torch's ``*LR`` classes (``LambdaLR``, ``OneCycleLR``,
-#: ``ReduceLROnPlateau``), pytorch-transformers' ``WarmupLinearSchedule``, ``get_*_schedule_with_warmup``,
-#: timm's ``CosineLRScheduler``
-SCHEDULE_NAME = re.compile(r"(?i:sched|warmup)|LR(?:[A-Z]|$)")
