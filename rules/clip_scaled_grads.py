@@ -110,6 +110,17 @@ class ClipScaledGrads(Rule):
                     scaler.update()
             """
         ),
+        Valid(
+            # after the step: `scaler.step` unscaled the gradients in place (a clip there is late,
+            # not scaled)
+            """
+            import torch
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            """
+        ),
     ]
     INVALID = [
         Invalid(
@@ -209,7 +220,8 @@ class ClipScaledGrads(Rule):
                     continue  # clipping scaled gradients at a threshold scaled alike is the same clip
                 if before:
                     last = max(b.lineno for b in before)
-                    if not any(last < u.lineno < line for u in unscales):
+                    # `scaler.step(opt)` unscales what `unscale_` has not: past it the gradients are true
+                    if not any(last < u.lineno < line for u in [*unscales, *steps]):
                         self.report(clip, "clipping scaled gradients: the threshold applies to gradients times the "
                                           "loss scale; call `scaler.unscale_(optimizer)` before clipping",
                                     self._fix(clip, before[-1], steps))

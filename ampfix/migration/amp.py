@@ -978,6 +978,9 @@ class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, Evalua
         #: helper calls that are the scaled backward in their caller: what reads gradients there is checked last
         self.reads_after_calls: List[tuple] = []
         self.made_at: Dict[tuple, str] = {}  # (path, id of a call statement) -> the scaler made after it
+        #: seed index -> the line before which (or on which) its scaler is made: a call that is handed
+        #: the scaler from that function must come after it (see CarrierRewrites._passed_before_made)
+        self.made_line: Dict[int, int] = {}
         #: (path, id of a block, target, the scaler's code) -> the call statement it was made after
         self.made_in_block: Dict[tuple, ast.stmt] = {}
         #: what shares one scaler, where the setups called in one block do (see _made_already)

@@ -362,8 +362,23 @@ class CarrierRewrites:
                         self._add_param(f)
                 if rename and cs.argument(rename) is not None:
                     continue  # the argument is apex's amp: its own rewrite passes the scaler
+                self._passed_before_made(cs, cc)
                 self._pass(cs, cc.expr)
         self._dispatches_agree()
+
+    def _passed_before_made(self, cs, cc) -> None:
+        """A call handed the scaler of its own function must run after the scaler is made:
+        ``fitter = Fitter(...)`` first, then ``fitter.model, fitter.optimizer =
+        amp.initialize(fitter.model, ...)`` would pass a name not yet set (its options read the
+        object the call builds, so the scaler cannot simply move up)."""
+        if cc is None or cc.kind != "local":
+            return
+        made = sorted((self.made_line[s.idx], s.use.line) for s in self.g.seeds if s.idx in cc.seeds
+                      and s.idx in self.made_line and s.module is cs.module and s.func is cs.caller)
+        if made and cs.node.lineno < made[0][0]:
+            raise Refuse(f"`{cs.callee.qualname}` is called at {cs.module.path} line {cs.node.lineno}, before the "
+                         f"scaler is made (line {made[0][0]}, for amp.initialize at line {made[0][1]}): it would be "
+                         "handed a name not yet set; make the scaler before that call by hand")
 
     def _dispatches_agree(self) -> None:
         """A ``globals()["train_" + args.target](...)`` call that now passes the scaler calls

@@ -561,6 +561,7 @@ class SeedRewrites:
                 self.notes.add("bfloat16 needs no loss scaling: apex's loss_scale has no counterpart")
         if getattr(s, "exported_from", None) is not None:
             at, cond = self._hoist(s, enabled, set(), in_place=True)
+            self.made_line[s.idx] = s.stmt.lineno
             target = self._scaler_target(s)
             col = m.src.char_col(s.stmt.lineno, s.stmt.col_offset)
             # made beside the call, inside the caller's own `if args.do_train:`: that test holds
@@ -593,13 +594,16 @@ class SeedRewrites:
             at, cond = self._hoist(s, enabled, option_reads(s.call, self.bf16) | self._initial_scale_reads(m),
                                    lazy_ok)
         except SetInside:
+            self.made_line[s.idx] = s.stmt.lineno
             self._in_place_with_default(s, target, enabled, scaler_args)
             return
         if at is not s.stmt and self._options_only_under_guard(s):
             # `opt_level=params["amp"]["opt_level"]` under `if "amp" in params:`: read before the
             # guard, the options would fail where AMP is off
+            self.made_line[s.idx] = s.stmt.lineno
             self._in_place_with_default(s, target, enabled, scaler_args)
             return
+        self.made_line[s.idx] = at.lineno
         if lazy_ok and guards(s.stmt, s.unit) and at is not guards(s.stmt, s.unit)[-1]:
             self.must_default.add(id(s.func.cls))  # made under a lazy guard: __init__ makes a disabled one
         self.enabled[s.idx] = cond

@@ -1661,6 +1661,11 @@ class UseRewrites:
             # and the `if` with them
             for x in top.orelse:
                 fc.remove(x)
+        elif f is False and top.orelse and all(any(x is y for y in fc.removed) for x in top.orelse):
+            # `if amp is None: <warn, turn AMP off> else: <initialize>`: the initialize went, and
+            # what ran where apex was missing goes with the `if` (native AMP is always there)
+            for x in top.body:
+                fc.remove(x)
         else:
             fc.unwrap(top, top.body if f else top.orelse)
             fc.touched.add(id(top))
