@@ -74,6 +74,10 @@ class ApexRule(Rule):
         base = base_name(node)
         spec = import_spec(self.sem, base) if base is not None else None
         removes = [spec] if spec is not None and spec.module.split(".")[0] == "apex" else []
+        plan = self.ctx.plan
+        exported = set((plan.facts.get("apex-exported") or "").split(",")) if plan else set()
+        if base is not None and base.id in exported:
+            removes = []  # another module imports the name from this one: its binding stays
         return [ImportSpec("torch")], removes
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:

@@ -1,6 +1,7 @@
 import ast
 
 from ampfix.model.analysis import arg, has_star, kwargs
+from ampfix.migration.exports import plan as exports_plan
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -34,6 +35,7 @@ class ApexNormalization(ApexRule):
     summary = "apex.normalization: use torch.nn.LayerNorm / torch.nn.RMSNorm"
     fix_kind = "safe"
     since = "1.0"
+    planner = staticmethod(exports_plan)
     prefix = "apex.normalization"
 
     VALID = [Valid("import torch\nln = torch.nn.LayerNorm(8)\n")]

@@ -1,5 +1,6 @@
 
 from ampfix.model.analysis import has_star, is_const, kwargs
+from ampfix.migration.exports import plan as exports_plan
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -45,6 +46,7 @@ class ApexOptimizers(ApexRule):
     summary = "apex.optimizers: use torch.optim (fused=True where it exists and is safe)"
     fix_kind = "safe"
     since = "2.0"
+    planner = staticmethod(exports_plan)
     prefix = "apex.optimizers"
 
     VALID = [Valid("import torch\nopt = torch.optim.AdamW(p, fused=True)\n")]

@@ -228,3 +228,133 @@ def test_a_clip_between_the_backward_and_the_step_is_still_reported(tmp_path):
     out = CliRunner().invoke(main, ["check", "--select", "AMP206", str(tmp_path / "t.py")])
     assert out.output.count("AMP206") == 1, out.output
     assert "t.py:3:1: AMP206" in out.output
+
+
+LAYERNORM = textwrap.dedent('''\
+    import logging
+
+    import torch
+    from torch import nn
+
+    logger = logging.getLogger(__name__)
+
+    try:
+        from apex.normalization.fused_layer_norm import FusedLayerNorm as BertLayerNorm
+    except (ImportError, AttributeError):
+        logger.info("Better speed can be achieved with apex installed.")
+
+        class BertLayerNorm(nn.Module):
+            def __init__(self, hidden_size, eps=1e-12):
+                super(BertLayerNorm, self).__init__()
+                self.weight = nn.Parameter(torch.ones(hidden_size))
+                self.variance_epsilon = eps
+
+            def forward(self, x):
+                return x * self.weight
+
+
+    class Embeddings(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.LayerNorm = BertLayerNorm(h, eps=1e-12)
+''')
+
+
+def test_a_fallback_class_naming_itself_is_not_apex(tmp_path):
+    # 4. `super(BertLayerNorm, self)` inside the fallback class is the class itself: it was
+    # rewritten to `super(torch.nn.LayerNorm, self)` where the fallback stayed
+    write(tmp_path, {"modeling.py": LAYERNORM})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "modeling.py").read_text()
+    assert "super(torch.nn.LayerNorm" not in text
+    # nothing else reads the name: the import and its fallback go, the use is torch's
+    assert "apex" not in text and "class BertLayerNorm" not in text
+    assert "self.LayerNorm = torch.nn.LayerNorm(h, eps=1e-12)" in text
+
+
+def test_an_apex_binding_another_module_imports_stays(tmp_path):
+    # 5. `from .modeling import BertLayerNorm as LayerNorm` in a sibling: the binding (and its
+    # fallback) stay, where before they went and the sibling's import failed
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/modeling.py": LAYERNORM,
+                     "pkg/gpt.py": "from .modeling import BertLayerNorm as LayerNorm\n\nln = LayerNorm(8)\n"})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "pkg" / "modeling.py").read_text()
+    assert "    from apex.normalization.fused_layer_norm import FusedLayerNorm as BertLayerNorm\n" in text
+    assert "            super(BertLayerNorm, self).__init__()\n" in text
+    assert "self.LayerNorm = torch.nn.LayerNorm(h, eps=1e-12)" in text
+    assert (tmp_path / "pkg" / "gpt.py").read_text().startswith("from .modeling import BertLayerNorm as LayerNorm")
+    compile(text, "modeling.py", "exec")
+
+
+def test_a_class_named_like_its_apex_base_still_reads_apex(tmp_path):
+    # the bases of `class FusedLayerNorm(FusedLayerNorm)` run before the class exists: apex's
+    from ampfix.model.semantic import Model, names_own_class
+    import ast
+
+    tree = ast.parse("from apex.normalization import FusedLayerNorm\n"
+                     "class FusedLayerNorm(FusedLayerNorm):\n"
+                     "    def f(self):\n"
+                     "        return super(FusedLayerNorm, self)\n")
+    Model(tree)
+    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "FusedLayerNorm"]
+    assert [names_own_class(n) for n in names] == [False, True]
+
+
+SCHEDULED_FP16 = textwrap.dedent('''\
+    import torch
+    from apex.optimizers import FP16_Optimizer, FusedAdam
+
+    from optimization import WarmupLinearSchedule
+
+
+    def main(args, model, loader):
+        model.half()
+        optimizer = FusedAdam(model.parameters(), lr=1e-3)
+        optimizer = FP16_Optimizer(optimizer, dynamic_loss_scale=True)
+        scheduler = WarmupLinearSchedule(optimizer, warmup_steps=10, t_total=100)
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x.half()), y)
+            optimizer.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+''')
+
+SCHEDULE = textwrap.dedent('''\
+    from torch.optim.lr_scheduler import LambdaLR
+
+
+    class WarmupLinearSchedule(LambdaLR):
+        def __init__(self, optimizer, warmup_steps, t_total, last_epoch=-1):
+            self.warmup_steps = warmup_steps
+            self.t_total = t_total
+            super(WarmupLinearSchedule, self).__init__(optimizer, self.lr_lambda, last_epoch=last_epoch)
+
+        def lr_lambda(self, step):
+            return min(1.0, step / max(1, self.warmup_steps))
+''')
+
+
+def test_a_project_schedule_handed_the_fp16_optimizer_takes_the_plain_one(tmp_path):
+    # 6. transformers' WarmupLinearSchedule vendored in the project: its __init__ was taken for a
+    # function the scaler must reach ("used other than by a call": `super(WarmupLinearSchedule, ...)`)
+    write(tmp_path, {"train.py": SCHEDULED_FP16, "optimization.py": SCHEDULE})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    text = (tmp_path / "train.py").read_text()
+    assert "scheduler = WarmupLinearSchedule(optimizer, warmup_steps=10, t_total=100)" in text
+    assert "scaler.scale(loss).backward()" in text and "FP16_Optimizer" not in text
+    assert (tmp_path / "optimization.py").read_text() == SCHEDULE
+
+
+def test_a_schedule_that_steps_the_optimizer_is_not_trusted(tmp_path):
+    stepping = SCHEDULE.replace("    def lr_lambda(self, step):\n",
+                                "    def advance(self):\n        self.optimizer.step()\n\n"
+                                "    def lr_lambda(self, step):\n")
+    assert stepping != SCHEDULE
+    write(tmp_path, {"train.py": SCHEDULED_FP16, "optimization.py": stepping})
+    out = run(tmp_path)
+    assert "FP16_Optimizer` is NVIDIA apex" in out.output and "(not rewritten: `WarmupLinearSchedule.__init__`" in out.output
+    assert "+            scaler.scale(loss)" not in out.output

@@ -20,7 +20,7 @@ from ampfix.engine.fit import width_of
 from ampfix.model.analysis import is_log_call, torch_version_test
 from ampfix.model.apex import imports_apex
 from ampfix.model.edits import Builder, Conflict, Edit, apply_edits
-from ampfix.model.semantic import Model, block_of, dotted, iter_statements, walk
+from ampfix.model.semantic import Model, block_of, dotted, iter_statements, names_own_class, walk
 from ampfix.model.source import Source, SourceError
 from ampfix.rule import ImportSpec
 
@@ -474,7 +474,8 @@ def _alias_matches(stmt, alias, spec) -> bool:
 def used_names(model: Model, exclude: Set[int] = frozenset()) -> Dict[str, List[ast.Name]]:
     out: Dict[str, List[ast.Name]] = {}
     for n in walk(model.tree, into_functions=True):
-        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store) and id(n) not in exclude:
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store) and id(n) not in exclude and \
+                not names_own_class(n):
             out.setdefault(n.id, []).append(n)
     return out
 

@@ -22,7 +22,6 @@ use the model run under autocast.  ``opt_level="O3"`` makes the model ``.half()`
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -34,6 +33,7 @@ from ampfix.migration.flow import (
     stmt_of,
 )
 from ampfix.migration.spell import bf16, description
+from ampfix.migration.handoff import SCHEDULE, param_given, schedule_class
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses, names_apex
 from ampfix.model.semantic import base_name, block_of, dotted, param_defaults, walk
@@ -70,11 +70,6 @@ def _last_param(f, name: Optional[str]) -> bool:
     """``name`` is the def's last parameter, with nothing after it (so it can go)."""
     a = f.node.args
     return bool(name) and not (a.vararg or a.kwonlyargs or a.kwarg) and bool(a.args) and a.args[-1].arg == name
-
-
-#: a schedule, by its name (``CosineLRScheduler``, ``LambdaLR``, ``get_linear_schedule_with_warmup``):
-#: handed the optimizer, it sets learning rates and trains nothing
-_SCHEDULE = re.compile(r"(?i:sched)|LR(?:[A-Z]|$)")
 
 
 class AmpPlanner:
@@ -871,15 +866,13 @@ class AmpPlanner:
         if not isinstance(call, ast.Call) or call.func is n:
             return False
         f, bound = self.p.resolve(m, call.func)
-        todo = [(f, self._param_given(call, n, f, bound))]
+        todo = [(f, param_given(call, n, f, bound))]
         seen: Set[tuple] = set()
         while todo:
             f, param = todo.pop()
-            if f is not None and f.node.name == "__init__" and f.cls is not None and _SCHEDULE.search(f.cls.name):
+            if f is not None and f.node.name == "__init__" and f.cls is not None and SCHEDULE.search(f.cls.name):
                 # a schedule keeps the optimizer to set its learning rate: none of its code trains
-                if any(isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and (
-                        x.func.attr in ("backward", "scale_loss") or x.func.attr == "step" and "optim" in (
-                        dotted(x.func.value) or "").lower()) for x in walk(f.cls, into_functions=True)):
+                if not schedule_class(f):
                     return False
                 continue
             if f is None or param is None or f.node.name == "__init__":
@@ -905,25 +898,11 @@ class AmpPlanner:
                     return False
                 g, gb = self.p.resolve(f.module, c.func)
                 if g is None:
-                    if not _SCHEDULE.search(dotted(c.func) or ""):
+                    if not SCHEDULE.search(dotted(c.func) or ""):
                         return False  # a library's function other than a schedule's: it may train
                     continue
-                todo.append((g, self._param_given(c, x, g, gb)))
+                todo.append((g, param_given(c, x, g, gb)))
         return True
-
-    @staticmethod
-    def _param_given(call: ast.Call, arg, f, bound) -> Optional[str]:
-        """The parameter of ``f`` that ``call`` gives ``arg``."""
-        if f is None:
-            return None
-        for k in call.keywords:
-            if k.value is arg:
-                return k.arg
-        pos = f.positional[1:] if bound else f.positional
-        for i, a in enumerate(call.args):
-            if a is arg:
-                return pos[i] if i < len(pos) and not isinstance(a, ast.Starred) else None
-        return None
 
 
 class GroupPlan(SeedRewrites, UseRewrites, WrapperSteps, CarrierRewrites, EvaluationRewrites, Rewriter):

@@ -35,6 +35,7 @@ from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.migration.flow import ancestors_stmts, follows, forward_region, guards, is_main_guard, stmt_of
 from ampfix.migration.fp16_holders import Holder, holder_of, instance_reads, name_in
+from ampfix.migration.handoff import schedule_class
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, description, scaler_call
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
@@ -242,7 +243,9 @@ class Fp16Plan(Rewriter):
                     dotted(a) == self.opt for a in [*n.args, *(k.value for k in n.keywords)]):
                 continue
             f, bound = self.p.resolve(m, n.func)
-            if f is None or f is self.func:
+            if f is None or f is self.func or schedule_class(f):
+                # (a schedule of the project, `WarmupLinearSchedule(optimizer, ...)`: it takes the
+                # plain optimizer as it took the FP16_Optimizer, and trains nothing)
                 continue
             params = self._params_given(n, f, bound, self.opt)
             if len(params) != 1:

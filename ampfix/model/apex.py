@@ -6,7 +6,7 @@ import ast
 from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import has_star, is_const, kwargs, number_value
-from ampfix.model.semantic import dotted, param_defaults, walk
+from ampfix.model.semantic import dotted, names_own_class, param_defaults, walk
 
 REPLACEMENTS: Dict[str, str] = {
     "apex.amp.initialize": "torch.amp.GradScaler('cuda') plus a torch.autocast('cuda') region around the forward pass",
@@ -328,6 +328,10 @@ def stand_in_imports(sem) -> list:
 
 
 def apex_qname(sem, node) -> Optional[str]:
+    if isinstance(node, ast.Name) and names_own_class(node):
+        # `super(BertLayerNorm, self)` inside the fallback `class BertLayerNorm` of a `try: from
+        # apex... import FusedLayerNorm as BertLayerNorm / except ImportError:`: the class itself
+        return None
     q = stand_in(sem, node)
     if q is not None:
         return q

@@ -426,6 +426,19 @@ def param_defaults(args: ast.arguments) -> Dict[str, ast.expr]:
     return out
 
 
+def names_own_class(node: ast.Name) -> bool:
+    """``node`` reads the name of a class from inside that class's body (``super(Foo, self)`` in
+    ``class Foo``): when the body runs the name is bound to the class itself, whatever else binds
+    it in the module (a ``try: from x import Foo / except ImportError: class Foo: ...`` fallback).
+    Not its bases or decorators, which run before the class is bound."""
+    child, p = node, getattr(node, "_p", None)
+    while p is not None:
+        if isinstance(p, ast.ClassDef) and p.name == node.id:
+            return any(child is x for x in p.body)
+        child, p = p, getattr(p, "_p", None)
+    return False
+
+
 def walk(node, into_functions: bool = False) -> Iterator[ast.AST]:
     """Every node below ``node`` (pre-order), not entering nested defs/classes/lambdas.
 

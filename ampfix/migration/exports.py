@@ -1,0 +1,41 @@
+"""Names a module binds by importing apex that another module of the project imports from it.
+
+``try: from apex.normalization.fused_layer_norm import FusedLayerNorm as BertLayerNorm / except
+ImportError: class BertLayerNorm(nn.Module): ...`` in ``modeling_bert.py``, and ``from
+.modeling_bert import BertLayerNorm as LayerNorm`` in ``modeling_gpt2.py`` (transformers 1.x and
+its many copies): once AMP105 rewrote the module's own uses, the import read nothing there and went
+with its fallback, and the other module's import failed.  The plan names such bindings in the fact
+``"apex-exported"`` of the module; the apex rules leave their imports (and the fallbacks) where
+they are.  A file checked on its own is planned alone: a file under the root that names the
+binding counts as importing it (:meth:`ampfix.project.graph.Project.imported_from`).
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, List
+
+from ampfix.model.semantic import walk
+from ampfix.project.plan import FilePlan
+
+
+def apex_bindings(tree) -> List[str]:
+    """The names module-level code binds by importing from apex (``from apex... import X as Y``:
+    ``Y``; ``import apex``: ``apex``), at the top or inside a module-level ``try``/``if``."""
+    out = []
+    for st in walk(tree):
+        if isinstance(st, ast.ImportFrom) and not st.level and (st.module or "").split(".")[0] == "apex":
+            out.extend(a.asname or a.name for a in st.names if a.name != "*")
+        elif isinstance(st, ast.Import):
+            out.extend((a.asname or a.name).split(".")[0] for a in st.names if a.name.split(".")[0] == "apex")
+    return sorted(set(out))
+
+
+def plan(project) -> Dict[str, FilePlan]:
+    out: Dict[str, FilePlan] = {}
+    for m in list(project.modules.values()):  # (imported_from reads more files into the project)
+        if "apex" not in m.src.text or not m.editable:
+            continue
+        names = [n for n in apex_bindings(m.tree) if project.imported_from(m, n)]
+        if names:
+            out[m.path] = FilePlan(m.path, facts={"apex-exported": ",".join(names)})
+    return out
