@@ -45,6 +45,9 @@ ENTRIES = {
     # both paths, the apex wrapper class in a helper module beside a native twin of another name:
     # the class goes with the branch that alone used it; `if True:  # args.distributed` stays
     "twin_elsewhere": [["main.py", "--epochs", "1"], ["main.py", "--epochs", "1", "--apex_amp"]],
+    # `if amp is None: <warn, AMP off> else: <initialize the model and its moving average>` (MoCo):
+    # the whole `if` goes with the initialize; a clip after the step stays where it was
+    "installed_else": [["train.py", "--epochs", "1"], ["train.py", "--epochs", "1", "--amp-opt-level", "O1"]],
     "registry_hook": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     # a library whose callers live elsewhere: ../drive.py is such a caller, written as the note says
     "library_entry": [["../drive.py", "--use-amp", "--epochs", "2"], ["../drive.py", "--epochs", "2"]],
