@@ -358,3 +358,57 @@ def test_a_schedule_that_steps_the_optimizer_is_not_trusted(tmp_path):
     out = run(tmp_path)
     assert "FP16_Optimizer` is NVIDIA apex" in out.output and "(not rewritten: `WarmupLinearSchedule.__init__`" in out.output
     assert "+            scaler.scale(loss)" not in out.output
+
+
+HALF_HELPERS = textwrap.dedent('''\
+    import torch.nn as nn
+
+
+    class tofp16(nn.Module):
+        def forward(self, x):
+            return x.half()
+
+
+    def network_to_half(network):
+        return nn.Sequential(tofp16(), network.half())
+''')
+
+FP16_SCRIPT = textwrap.dedent('''\
+    import torch
+    from apex.fp16_utils import FP16_Optimizer
+
+    from models import network_to_half
+
+    model = torch.nn.Linear(8, 8)
+    model = network_to_half(model)
+    model = model.cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = FP16_Optimizer(optimizer, static_loss_scale=128.0, verbose=False)
+    for x, y in [(torch.randn(4, 8), torch.randn(4, 8))]:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.l1_loss(model(x.cuda().half()).float(), y.cuda())
+        optimizer.backward(loss)
+        optimizer.step()
+''')
+
+
+def test_a_model_made_half_by_a_project_helper_is_refused(tmp_path):
+    # 7. the project's own copy of apex's network_to_half: the FP16_Optimizer went and the model
+    # stayed float16, where GradScaler cannot unscale its gradients (it was counted right)
+    write(tmp_path, {"train.py": FP16_SCRIPT, "models.py": HALF_HELPERS})
+    out = run(tmp_path)
+    assert out.exit_code == 1, out.output
+    assert "`network_to_half(model)` at line 7 makes the model float16 (" in out.output
+    assert ("models.py line 9, `network_to_half`): GradScaler cannot unscale float16 gradients; keep the model "
+            "float32 by hand") in out.output
+    assert "scaler.scale(loss)" not in out.output.split("left for a person")[0]
+
+
+def test_a_half_helper_that_cannot_be_followed_is_refused_by_its_name(tmp_path):
+    # `from utils import *` passing on `from models import *`: not followed; the name says enough
+    script = FP16_SCRIPT.replace("from models import network_to_half", "from utils import *")
+    write(tmp_path, {"train.py": script, "utils.py": "from models import *\n", "models.py": HALF_HELPERS})
+    out = run(tmp_path)
+    assert out.exit_code == 1, out.output
+    assert "`network_to_half(model)` at line 7 may make the model float16 (`network_to_half` cannot be followed)" \
+        in out.output

@@ -617,7 +617,31 @@ class Fp16Plan(Rewriter):
                             and self.code(ie.orelse) == self.code(receiver(n)) and f is self.func:
                         self.removed.add(id(n))
                         self.fc(m).replace(ie, self.code(ie.orelse))
+        self._no_half_made_elsewhere(models)
         return models
+
+    def _no_half_made_elsewhere(self, models: Set[str]) -> None:
+        """A model made float16 by a function of the project (``model = network_to_half(model)``,
+        a copy of apex's helper in the project's own ``Models.py``) stays float16 once the
+        FP16_Optimizer is gone, and ``GradScaler`` cannot unscale float16 gradients: refused,
+        naming the call (unwrapping it would also change the module tree its checkpoints load into)."""
+        for n in walk(self.unit, into_functions=True):
+            if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and dotted(n.targets[0]) in models
+                    and isinstance(n.value, ast.Call) and id(n.value) not in self.removed):
+                continue
+            f, _ = self.p.resolve(self.m, n.value.func)
+            name = (dotted(n.value.func) or "").rsplit(".", 1)[-1]
+            if f is None and re.search(r"(?i)half|fp16", name) and not self.m.sem.qnames(n.value):
+                # not followed (`from utils import *` that passes on `from Models import *`): by its name
+                raise Refuse(f"`{self.code(n.value)}` at line {n.lineno} may make the model float16 (`{name}` "
+                             "cannot be followed): GradScaler cannot unscale float16 gradients; keep the model "
+                             "float32 by hand")
+            if f is None or not any(isinstance(x, ast.Call) and self._is_half(x)
+                                    for x in walk(f.node, into_functions=True)):
+                continue
+            raise Refuse(f"`{self.code(n.value)}` at line {n.lineno} makes the model float16 ({f.module.path} line "
+                         f"{f.node.lineno}, `{f.qualname}`): GradScaler cannot unscale float16 gradients; keep the "
+                         "model float32 by hand")
 
     def _evaluation_regions(self) -> None:
         """A function that fed the float16 model float16 inputs under the flag (evaluation, mostly)
