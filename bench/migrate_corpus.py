@@ -87,6 +87,46 @@ def steps_without_update(text: str) -> list:
     return out
 
 
+def half_models(text: str) -> list:
+    """Lines where a function (or the module) that scales with a GradScaler also makes a model it
+    optimizes float16: ``model.half()``, ``model = model.half()``, ``model = network_to_half(model)``
+    (any call named *half*/*fp16* given the model), the model being a name whose ``.parameters()`` the
+    same unit reads.  GradScaler cannot unscale float16 gradients: where such a line runs on the AMP
+    path the step raises (read each: a line on another path is not one)."""
+    import ast
+    import re
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out = []
+    for unit in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        nodes = [x for st in unit.body for x in ast.walk(st)]
+        if not any(isinstance(x, ast.Call) and ast.unparse(x.func).endswith("GradScaler") for x in nodes) and not any(
+                isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr == "scale"
+                and "scaler" in ast.unparse(x.func.value).lower() for x in nodes):
+            continue
+        models = {ast.unparse(x.func.value) for x in nodes if isinstance(x, ast.Call)
+                  and isinstance(x.func, ast.Attribute) and x.func.attr in ("parameters", "named_parameters")}
+        # `model = Net().cuda().half()`: the assignment's target is the model
+        assigned = {id(v): ast.unparse(a.targets[0]) for a in nodes if isinstance(a, ast.Assign)
+                    and len(a.targets) == 1 for v in ast.walk(a.value)}
+        for x in nodes:
+            if not isinstance(x, ast.Call):
+                continue
+            if isinstance(x.func, ast.Attribute) and x.func.attr == "half" and not x.args:
+                base = x.func.value
+                while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+                    base = base.func.value
+                if ast.unparse(base) in models or assigned.get(id(x)) in models:
+                    out.append(x.lineno)
+            elif re.search(r"(?i)half|fp16", ast.unparse(x.func).rsplit(".", 1)[-1]) and x.args and \
+                    ast.unparse(x.args[0]) in models:
+                out.append(x.lineno)
+    return sorted(set(out))
+
+
 def unused_scalers(text: str) -> list:
     """Lines where a GradScaler is bound to a name that its function (or module) never reads: dead
     code a migration must not leave (issue 21 §3)."""
@@ -628,6 +668,7 @@ def side(mods, fls):
         "files with new self-check problems": sum(bool(f.get("new_self_check")) for f in fls),
         "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
         "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
+        "files keeping a float16 model beside a GradScaler (read each)": sum(bool(f.get("half_models")) for f in fls),
         "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
         "files where a loop steps the scaler again before its update":
             sum(bool(f.get("steps_without_update")) for f in fls),
@@ -778,6 +819,8 @@ def main(argv=None) -> int:
             dead = dead if len(dead) > len(unused_scalers(text_before)) else []
             maybe_none = none_scaler_calls(text_after) if changed and compiles else []
             maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
+            halves = half_models(text_after) if changed and compiles else []
+            halves = halves if len(halves) > len(half_models(text_before)) else []
             restep = steps_without_update(text_after) if changed and compiles else []
             restep = restep if len(restep) > len(steps_without_update(text_before)) else []
             to_numpy = bf16_numpy(text_after) if changed and compiles and args.dtype == "bfloat16" else []
@@ -796,7 +839,7 @@ def main(argv=None) -> int:
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
                           "required_not_passed": not_passed, "required_callers_not_found": not_found,
                           "required_maybe_not_passed": named_not_passed, "bf16_to_numpy": to_numpy,
-                          "steps_without_update": restep})
+                          "steps_without_update": restep, "half_models": halves})
             ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
                   and not not_passed and not to_numpy and not restep)
             for k in ("apex.amp", "FP16_Optimizer"):

@@ -251,3 +251,16 @@ def test_a_globals_dispatch_is_a_call_of_each_function_it_may_pick(tmp_path):
     # the first pick passes it to both `train_*`; the second does not pass it to `cls_eval`
     assert [text for _, text in missing] == ["t.py:3 cls_eval(...) without `scaler`"]
     assert unseen == set()
+
+
+def test_a_float16_model_left_beside_a_gradscaler_is_counted():
+    # the project's own network_to_half kept after FP16_Optimizer went: GradScaler cannot unscale
+    kept = ("import torch\nmodel = Net()\nmodel = network_to_half(model)\n"
+            "scaler = torch.amp.GradScaler('cuda')\nopt = torch.optim.Adam(model.parameters())\n")
+    assert mc.half_models(kept) == [3]
+    assert mc.half_models("import torch\nmodel = Net().cuda().half()\nopt = SGD(model.parameters())\n"
+                          "scaler = torch.amp.GradScaler('cuda')\n") == [2]
+    # an input cast, or no GradScaler in that function: not counted
+    assert mc.half_models("import torch\nx = x.half()\nopt = SGD(model.parameters())\n"
+                          "scaler = torch.amp.GradScaler('cuda')\n") == []
+    assert mc.half_models("def export(model):\n    model.half()\n    return model.parameters()\n") == []
