@@ -412,3 +412,15 @@ def test_a_half_helper_that_cannot_be_followed_is_refused_by_its_name(tmp_path):
     assert out.exit_code == 1, out.output
     assert "`network_to_half(model)` at line 7 may make the model float16 (`network_to_half` cannot be followed)" \
         in out.output
+
+
+def test_a_copy_of_the_modeling_file_elsewhere_does_not_keep_the_binding(tmp_path):
+    # two packages, each with its own modeling.py; a sibling imports the name from the other copy:
+    # this copy's binding is nobody's, and goes with its fallback as before
+    write(tmp_path, {"a/__init__.py": "", "a/modeling.py": LAYERNORM,
+                     "b/__init__.py": "", "b/modeling.py": LAYERNORM,
+                     "b/gpt.py": "from .modeling import BertLayerNorm as LayerNorm\n\nln = LayerNorm(8)\n"})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    assert "apex" not in (tmp_path / "a" / "modeling.py").read_text()
+    assert "from apex.normalization" in (tmp_path / "b" / "modeling.py").read_text()

@@ -12,7 +12,8 @@ binding counts as importing it (:meth:`ampfix.project.graph.Project.imported_fro
 from __future__ import annotations
 
 import ast
-from typing import Dict, List
+from pathlib import Path
+from typing import Dict, List, Optional
 
 from ampfix.model.semantic import walk
 from ampfix.project.plan import FilePlan
@@ -30,12 +31,51 @@ def apex_bindings(tree) -> List[str]:
     return sorted(set(out))
 
 
+def _relative_target(path: str, imp: ast.ImportFrom) -> Optional[Path]:
+    """The file ``from .modeling_bert import X`` in ``path`` names, where it exists."""
+    folder = Path(path).resolve().parent
+    for _ in range(imp.level - 1):
+        folder = folder.parent
+    parts = (imp.module or "").split(".") if imp.module else []
+    for cand in (folder.joinpath(*parts).with_suffix(".py") if parts else None,
+                 folder.joinpath(*parts, "__init__.py")):
+        if cand is not None and cand.is_file():
+            return cand.resolve()
+    return None
+
+
+def imported_elsewhere(project, m, name: str) -> bool:
+    """Whether another module takes ``name`` from ``m``: as :meth:`Project.imported_from`, except
+    that a relative import (``from .modeling_bert import BertLayerNorm``) counts only where it
+    names ``m``'s file or a file that cannot be found (copies of one modeling file in several
+    packages each keep their own)."""
+    project.read_mentioning(name)
+    if project.mentioned_elsewhere(name):
+        return True
+    mine = Path(m.path).resolve()
+    for other in list(project.modules.values()):
+        if other is m or name not in other.src.text:
+            continue
+        for st in walk(other.tree, into_functions=True):
+            if not (isinstance(st, ast.ImportFrom) and any(a.name == name for a in st.names)):
+                continue
+            if st.level:
+                target = _relative_target(other.path, st)
+                if target is None or target == mine:
+                    return True
+                continue
+            found = project.module_named(st.module or "")
+            if found is None or found is m:
+                return True
+    return False
+
+
 def plan(project) -> Dict[str, FilePlan]:
     out: Dict[str, FilePlan] = {}
-    for m in list(project.modules.values()):  # (imported_from reads more files into the project)
+    for m in list(project.modules.values()):  # (the lookups read more files into the project)
         if "apex" not in m.src.text or not m.editable:
             continue
-        names = [n for n in apex_bindings(m.tree) if project.imported_from(m, n)]
+        names = [n for n in apex_bindings(m.tree) if imported_elsewhere(project, m, n)]
         if names:
             out[m.path] = FilePlan(m.path, facts={"apex-exported": ",".join(names)})
     return out
