@@ -424,3 +424,25 @@ def test_a_copy_of_the_modeling_file_elsewhere_does_not_keep_the_binding(tmp_pat
     assert out.exit_code == 0, out.output
     assert "apex" not in (tmp_path / "a" / "modeling.py").read_text()
     assert "from apex.normalization" in (tmp_path / "b" / "modeling.py").read_text()
+
+
+def test_a_binding_imported_by_absolute_name_stays_and_a_namesake_import_does_not_keep_it(tmp_path):
+    # `from models.normalization import SynchronizedBatchNorm2d` (few-shot-vid2vid): the apex binding
+    # stays; `from torch.nn.parallel import DistributedDataParallel` elsewhere is not an import of it
+    norm = ("import torch\nfrom apex.parallel import SyncBatchNorm as SynchronizedBatchNorm2d\n\n\n"
+            "def make(n):\n    return SynchronizedBatchNorm2d(n)\n")
+    write(tmp_path, {"models/__init__.py": "", "models/normalization.py": norm,
+                     "models/architecture.py": "from models.normalization import SynchronizedBatchNorm2d\n\n"
+                                               "bn = SynchronizedBatchNorm2d(8)\n"})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    assert "from apex.parallel import SyncBatchNorm as SynchronizedBatchNorm2d" in \
+        (tmp_path / "models" / "normalization.py").read_text()
+    ddp = ("import torch\nfrom apex.parallel import DistributedDataParallel\n\n\n"
+           "def wrap(model):\n    return DistributedDataParallel(model)\n")
+    write(tmp_path, {"engine.py": ddp,
+                     "other.py": "from torch.nn.parallel import DistributedDataParallel\n\n"
+                                 "wrap = DistributedDataParallel\n"})
+    out = run(tmp_path, "--write", "-q")
+    assert out.exit_code == 0, out.output
+    assert "apex" not in (tmp_path / "engine.py").read_text()

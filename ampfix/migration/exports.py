@@ -44,14 +44,35 @@ def _relative_target(path: str, imp: ast.ImportFrom) -> Optional[Path]:
     return None
 
 
+def _stem(m) -> str:
+    """The last part of the dotted name ``m`` is imported by: its file's stem, or its package's
+    folder for an ``__init__.py``."""
+    p = Path(m.path)
+    return p.parent.name if p.name == "__init__.py" else p.stem
+
+
+def _names_module(imp: ast.ImportFrom, stem: str) -> bool:
+    return bool(imp.module) and imp.module.split(".")[-1] == stem
+
+
 def imported_elsewhere(project, m, name: str) -> bool:
-    """Whether another module takes ``name`` from ``m``: as :meth:`Project.imported_from`, except
-    that a relative import (``from .modeling_bert import BertLayerNorm``) counts only where it
-    names ``m``'s file or a file that cannot be found (copies of one modeling file in several
-    packages each keep their own)."""
+    """Whether another module takes ``name`` from ``m`` (``from .modeling_bert import
+    BertLayerNorm``, ``from modeling import BertLayerNorm``): an import of the name from a module
+    whose dotted name ends in ``m``'s (a relative one: that names ``m``'s file, or a file that
+    cannot be found), in a module of the run or a file under the root not read for it.  Copies of
+    one modeling file in several packages each keep their own; ``from torch.nn.parallel import
+    DistributedDataParallel`` elsewhere is no import of ``m``'s."""
+    stem = _stem(m)
     project.read_mentioning(name)
-    if project.mentioned_elsewhere(name):
-        return True
+    for path in project.mentioned_elsewhere(name):
+        try:
+            tree = ast.parse(Path(path).read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            return True  # cannot be read: it may import it
+        for st in ast.walk(tree):
+            if isinstance(st, ast.ImportFrom) and any(a.name == name for a in st.names) and (
+                    _names_module(st, stem) or (st.level and not st.module)):
+                return True
     mine = Path(m.path).resolve()
     for other in list(project.modules.values()):
         if other is m or name not in other.src.text:
@@ -63,6 +84,8 @@ def imported_elsewhere(project, m, name: str) -> bool:
                 target = _relative_target(other.path, st)
                 if target is None or target == mine:
                     return True
+                continue
+            if not _names_module(st, stem):
                 continue
             found = project.module_named(st.module or "")
             if found is None or found is m:
