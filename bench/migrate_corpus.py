@@ -127,6 +127,74 @@ def half_models(text: str) -> list:
     return sorted(set(out))
 
 
+def module_names(text: str) -> set:
+    """The names a module binds at its top level (also inside a top-level ``try``/``if``/``with``):
+    what another module may import from it."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    out = set()
+    todo = list(tree.body)
+    while todo:
+        st = todo.pop()
+        if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(st.name)
+        elif isinstance(st, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in st.names if a.name != "*"}
+        elif isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in (st.targets if isinstance(st, ast.Assign) else [st.target]):
+                out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(x for x in getattr(st, field, []) or [] if isinstance(x, ast.AST))
+    return out
+
+
+def importers_of_removed(rel: str, before: str, after: str, others: dict) -> list:
+    """``file: from X import name`` in the other files (``others``: path -> text, after the
+    migration) for each top-level name of ``rel`` that the migration removed, where ``X`` names
+    ``rel`` (its dotted name ends in ``rel``'s module, or a relative import reaches its file): that
+    import now raises ImportError."""
+    import ast
+    import posixpath
+
+    gone = module_names(before) - module_names(after)
+    if not gone:
+        return []
+    rel = rel.replace("\\", "/")
+    stem = posixpath.basename(posixpath.dirname(rel)) if rel.endswith("/__init__.py") else \
+        posixpath.splitext(posixpath.basename(rel))[0]
+    out = []
+    for other, text in others.items():
+        if other == rel or not any(n in text for n in gone):
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for st in ast.walk(tree):
+            if not isinstance(st, ast.ImportFrom):
+                continue
+            hit = sorted({a.name for a in st.names} & gone)
+            if not hit:
+                continue
+            if st.level:
+                folder = posixpath.dirname(other)
+                for _ in range(st.level - 1):
+                    folder = posixpath.dirname(folder)
+                parts = (st.module or "").split(".") if st.module else []
+                target = posixpath.join(folder, *parts)
+                if target + ".py" != rel and posixpath.join(target, "__init__.py") != rel:
+                    continue
+            elif not st.module or st.module.split(".")[-1] != stem:
+                continue
+            out.extend(f"{other} line {st.lineno}: {n}" for n in hit)
+    return out
+
+
 def unused_scalers(text: str) -> list:
     """Lines where a GradScaler is bound to a name that its function (or module) never reads: dead
     code a migration must not leave (issue 21 §3)."""
@@ -669,6 +737,8 @@ def side(mods, fls):
         "host syncs added": sum(f.get("added_syncs", 0) for f in fls),
         "files with a GradScaler nothing uses": sum(bool(f.get("unused_scalers")) for f in fls),
         "files keeping a float16 model beside a GradScaler (read each)": sum(bool(f.get("half_models")) for f in fls),
+        "files whose removed names another file imports (ImportError there)":
+            sum(bool(f.get("imports_of_removed_names")) for f in fls),
         "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
         "files where a loop steps the scaler again before its update":
             sum(bool(f.get("steps_without_update")) for f in fls),
@@ -794,6 +864,7 @@ def main(argv=None) -> int:
                                                 Path(path).read_text(errors="replace"))
         missing, unseen = unpassed(tmp, [(*a, p) for p, v in required.items() for a in v])
         by_name_only = unbound_calls(tmp, unseen)
+        others = None  # the repository's files after the migration, read once where needed
         for path in sorted(set(by) | set(after_by)):
             rel = os.path.relpath(path, tmp)
             text_before = (repo / rel).read_text(errors="replace") if (repo / rel).exists() else ""
@@ -819,6 +890,15 @@ def main(argv=None) -> int:
             dead = dead if len(dead) > len(unused_scalers(text_before)) else []
             maybe_none = none_scaler_calls(text_after) if changed and compiles else []
             maybe_none = maybe_none if len(maybe_none) > len(none_scaler_calls(text_before)) else []
+            if changed and compiles and others is None:
+                others = {}
+                for q in Path(tmp).rglob("*.py"):
+                    try:
+                        others[q.relative_to(tmp).as_posix()] = q.read_text(errors="replace")
+                    except OSError:
+                        continue
+            gone_imports = importers_of_removed(Path(rel).as_posix(), text_before, text_after, others) \
+                if changed and compiles else []
             halves = half_models(text_after) if changed and compiles else []
             halves = halves if len(halves) > len(half_models(text_before)) else []
             restep = steps_without_update(text_after) if changed and compiles else []
@@ -839,9 +919,10 @@ def main(argv=None) -> int:
                           "scaler_calls_on_none": maybe_none, "undefined_names": undefined, "debris": debris,
                           "required_not_passed": not_passed, "required_callers_not_found": not_found,
                           "required_maybe_not_passed": named_not_passed, "bf16_to_numpy": to_numpy,
-                          "steps_without_update": restep, "half_models": halves})
+                          "steps_without_update": restep, "half_models": halves,
+                          "imports_of_removed_names": gone_imports})
             ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
-                  and not not_passed and not to_numpy and not restep)
+                  and not not_passed and not to_numpy and not restep and not gone_imports)
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:

@@ -264,3 +264,19 @@ def test_a_float16_model_left_beside_a_gradscaler_is_counted():
     assert mc.half_models("import torch\nx = x.half()\nopt = SGD(model.parameters())\n"
                           "scaler = torch.amp.GradScaler('cuda')\n") == []
     assert mc.half_models("def export(model):\n    model.half()\n    return model.parameters()\n") == []
+
+
+def test_a_removed_name_another_file_imports_is_reported():
+    # the fallback BertLayerNorm went from modeling.py while modeling_gpt2.py and an absolute importer
+    # still take it from there: ImportError in those files, which the per-file checks cannot see
+    before = ("try:\n    from apex.normalization import FusedLayerNorm as BertLayerNorm\nexcept ImportError:\n"
+              "    class BertLayerNorm:\n        pass\n\ndef gelu(x):\n    return x\n")
+    after = "def gelu(x):\n    return x\n"
+    others = {"pkg/modeling.py": after,
+              "pkg/modeling_gpt2.py": "from .modeling import BertLayerNorm as LayerNorm\n",
+              "app/visual.py": "from pkg.modeling import BertLayerNorm, gelu\n",
+              "other/modeling_copy.py": "from .modeling import BertLayerNorm\n",  # its own package's copy
+              "x.py": "from torch.nn import BertLayerNorm\n"}
+    assert mc.importers_of_removed("pkg/modeling.py", before, after, others) == [
+        "pkg/modeling_gpt2.py line 1: BertLayerNorm", "app/visual.py line 1: BertLayerNorm"]
+    assert mc.importers_of_removed("pkg/modeling.py", before, before, others) == []
