@@ -446,3 +446,39 @@ def test_a_binding_imported_by_absolute_name_stays_and_a_namesake_import_does_no
     out = run(tmp_path, "--write", "-q")
     assert out.exit_code == 0, out.output
     assert "apex" not in (tmp_path / "engine.py").read_text()
+
+
+HALF_THEN_INIT = textwrap.dedent('''\
+    import torch
+    from apex import amp
+
+
+    def main(args, loader):
+        model = torch.nn.Linear(8, 8)
+        if args.fp16:
+            model.half()
+        model.to("cuda")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        if args.fp16:
+            model, optimizer = amp.initialize(model, optimizer, opt_level=args.fp16_opt_level)
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if args.fp16:
+                with amp.scale_loss(loss, optimizer) as scaled_loss:
+                    scaled_loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+''')
+
+
+def test_a_model_made_half_before_amp_initialize_is_refused(tmp_path):
+    # 8. `if args.fp16: model.half()` then apex's initialize (lonePatient/train-bert-pytorch): the
+    # migration kept the half model beside a GradScaler, which cannot unscale its gradients
+    write(tmp_path, {"train.py": HALF_THEN_INIT})
+    out = run(tmp_path)
+    assert out.exit_code == 1, out.output
+    assert ("not rewritten: line 8 makes the model float16 (`model.half()`) before amp.initialize at line 12: "
+            "native AMP keeps the model float32") in out.output
+    assert (tmp_path / "train.py").read_text() == HALF_THEN_INIT

@@ -540,7 +540,32 @@ class SeedRewrites:
                 self.nones_gone.add(id(st))
                 self.fc(cs.module).remove(st)
 
+    def _half_model_before(self, s: Seed) -> None:
+        """``if args.fp16: model.half()`` before ``model, optimizer = amp.initialize(model, ...)``:
+        apex trained the float16 model (O1 patched around it); with native AMP it would stay
+        float16 and GradScaler cannot unscale float16 gradients.  Refused, naming the line."""
+        if s.models is None:
+            return
+        models = s.models.elts if isinstance(s.models, (ast.List, ast.Tuple)) else [s.models]
+        names = {dotted(x) for x in models} - {None}
+        if not names:
+            return
+        for n in walk(s.unit, into_functions=False):
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "half"
+                    and not n.args and not n.keywords and n.lineno < s.stmt.lineno):
+                continue
+            base = n.func.value
+            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+                base = base.func.value
+            st = stmt_of(n)
+            target = dotted(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+            if dotted(base) in names or target in names:
+                raise Refuse(f"line {n.lineno} makes the model float16 (`{s.module.src.code(n)}`) before "
+                             f"amp.initialize at line {s.use.line}: native AMP keeps the model float32 (GradScaler "
+                             "cannot unscale float16 gradients); take that cast out by hand")
+
     def _training_seed(self, s: Seed) -> None:
+        self._half_model_before(s)
         if getattr(s, "exported_from", None) is not None:
             enabled, notes, scaler_args, pure = self._exported_options(s)
         else:
