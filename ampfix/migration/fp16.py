@@ -29,7 +29,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import arg, has_star, is_const, kwargs, method_call, receiver, string_value
+from ampfix.model.analysis import arg, casts_one_of, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
@@ -587,12 +587,7 @@ class Fp16Plan(Rewriter):
         for n in walk(self.m.tree, into_functions=True):
             if not (isinstance(n, ast.Call) and self._is_half(n)):
                 continue
-            base = receiver(n)
-            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
-                base = base.func.value
-            st = stmt_of(n)
-            target = dotted(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
-            if dotted(base) in models or target in models or dotted(receiver(n)) in models:
+            if casts_one_of(n, models):
                 self._unwrap(n)
         # casts guarded by the fp16 flag, wherever the flag is tested: the functions the model is
         # handed to made their inputs float16 for it too (evaluation among them)

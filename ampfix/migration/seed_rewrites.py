@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.engine.tidy import reports_apex
 from ampfix.model.apex import apex_value_condition, fold_installed, imports_apex
-from ampfix.model.analysis import (is_const, is_log_call, kwargs, method_call, number_value, receiver, scalar_assignment,
+from ampfix.model.analysis import (casts_one_of, is_const, is_log_call, kwargs, method_call, number_value, receiver, scalar_assignment,
                                    string_value)
 from ampfix.migration.groups import Refuse
 from ampfix.migration.flow import (
@@ -554,12 +554,7 @@ class SeedRewrites:
             if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "half"
                     and not n.args and not n.keywords and n.lineno < s.stmt.lineno):
                 continue
-            base = n.func.value
-            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
-                base = base.func.value
-            st = stmt_of(n)
-            target = dotted(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
-            if dotted(base) in names or target in names:
+            if casts_one_of(n, names):
                 raise Refuse(f"line {n.lineno} makes the model float16 (`{s.module.src.code(n)}`) before "
                              f"amp.initialize at line {s.use.line}: native AMP keeps the model float32 (GradScaler "
                              "cannot unscale float16 gradients); take that cast out by hand")

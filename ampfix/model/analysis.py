@@ -198,6 +198,21 @@ def receiver(call) -> Optional[ast.expr]:
     return call.func.value if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else None
 
 
+def casts_one_of(cast: ast.Call, names) -> bool:
+    """``cast`` (a ``.half()``-like method call) converts one of the dotted ``names``: its receiver
+    (``model.half()``), the start of its chain (``model.cuda().half()``) or the target it is assigned
+    to (``model = Net().cuda().half()``)."""
+    base = receiver(cast)
+    first = base
+    while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+        base = base.func.value
+    st = cast
+    while st is not None and not isinstance(st, ast.stmt):
+        st = getattr(st, "_p", None)
+    target = dotted(st.targets[0]) if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+    return dotted(base) in names or target in names or dotted(first) in names
+
+
 def is_const(node, *values) -> bool:
     return isinstance(node, ast.Constant) and any(node.value is v or (type(node.value) is type(v) and node.value == v)
                                                   for v in values)
