@@ -3,6 +3,7 @@ the engine (``project.trial``), then one :class:`~ampfix.project.plan.FilePlan` 
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, List
 
 from ampfix.migration.groups import Group, Refuse
@@ -67,6 +68,10 @@ def plan(project) -> Dict[str, FilePlan]:
         if outcome is not None and g.refusal is None:
             g.refusal = outcome
     _follow(groups)
+    for g in groups:
+        if g.refusal is not None:
+            # a reason quotes code (a call over several lines): one line, as every message is
+            g.refusal = one_line(g.refusal)
     out: Dict[str, FilePlan] = {}
     for g in groups:
         _emit(project, g, out)
@@ -76,6 +81,11 @@ def plan(project) -> Dict[str, FilePlan]:
         for n in nodes:
             fp.flags[(n.lineno, n.col_offset)] = "uninitialized"
     return out
+
+
+def one_line(text: str) -> str:
+    """``text`` with each line break and the indentation after it made one space."""
+    return re.sub(r"[ \t]*\r?\n\s*", " ", text)
 
 
 def _follow(groups: List[Group]) -> None:
@@ -161,7 +171,7 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
         if fc is None:
             report_stand_ins(None)
             continue
-        desc = g.description + (" (" + "; ".join(sorted(g.notes)) + ")" if g.notes else "")
+        desc = one_line(g.description + (" (" + "; ".join(sorted(g.notes)) + ")" if g.notes else ""))
         if g.unsafe:
             desc += f" (unsafe fix: {g.unsafe})"
         fix = Fix(desc, fc.final_edits, add_imports=list(dict.fromkeys(fc.adds)),
@@ -174,10 +184,19 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
             # a file the group edits without an apex use of its own (a caller that now passes
             # the scaler): the planner reports there itself, with the fix
             src = fc.src
-            for i, (node, msg) in enumerate(g.anchors.get(path, [])):
+            anchors = g.anchors.get(path, [])
+            for i, (node, msg) in enumerate(anchors):
                 fp.reports.append(PlannedReport(node.lineno, src.char_col(node.lineno, node.col_offset),
                                                 node.end_lineno, src.char_col(node.end_lineno, node.end_col_offset),
                                                 msg, fix if i == 0 else None))
+            if not anchors and fc.final_edits:
+                # no planner named a place here (a function that now takes the scaler): the report
+                # is at the first edit, so the file's part is never dropped while the others land
+                first = min(fc.final_edits, key=lambda e: e.start)
+                line, col = src.position(first.start)
+                fp.reports.append(PlannedReport(line, col, line, col, f"this file takes part in the migration of "
+                                                f"{', '.join(o for o in others if o != path) or 'the project'}",
+                                                fix))
         if g.note_at_anchor and uses:
             fp.notes[(uses[0].lineno, uses[0].col_offset)] = g.note_at_anchor
 
