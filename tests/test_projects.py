@@ -53,6 +53,10 @@ ENTRIES = {
     "library_entry": [["../drive.py", "--use-amp", "--epochs", "2"], ["../drive.py", "--epochs", "2"]],
     # FP16_Optimizer made in main.py, its backward and step in engine.py's train()
     "fp16_engine": [["main.py", "--steps", "16"], ["main.py", "--steps", "16", "--fp16"]],
+    # FP16_Optimizer made in main.py; helpers.py halves the model under the flag (the cast and its
+    # log line go), sets the learning rate (takes the plain optimizer, no scaler), evaluates on token
+    # ids (its call runs under autocast)
+    "fp16_loader": [["main.py", "--epochs", "2"], ["main.py", "--epochs", "2", "--fp16"]],
     # a schedule class owns the optimizer apex initialized: its method steps it
     "optim_wrapper": [["train.py", "--epochs", "2"], ["train.py", "--epochs", "2", "--fp16"]],
     "fp16_trainer_class": [["main.py", "--epochs", "2"], ["main.py", "--epochs", "2", "--fp16", "--accum", "2"]],

@@ -107,6 +107,8 @@ class EvaluationRewrites:
             if params and not self._only_evaluates(f, params):
                 trains.append((f, params))
                 continue
+            if self._covered_inside(f):
+                continue
             if params and _deferred(f, params):
                 # `evaluator = create_evaluator(model)`: the model runs in the closure it returns,
                 # later (`evaluator.run(loader)`); autocast around this call would cover nothing
@@ -240,6 +242,11 @@ class EvaluationRewrites:
         by_name = {"self." + o.node.name: o for o in methods if o is not m}
         return any(isinstance(x, ast.Call) and dotted(x.func) in by_name and
                    EvaluationRewrites._runs_only(by_name[dotted(x.func)], attrs, methods, depth + 1) for x in body)
+
+    def _covered_inside(self, f) -> bool:
+        """Whether the plan puts ``f``'s own forwards under autocast already (then its call is not
+        wrapped as well)."""
+        return False
 
     def _partials(self, module, caller, unit, models: Set[str]) -> Dict[str, tuple]:
         """Locals bound once, to ``functools.partial(f, ..., model=model)`` with ``f`` a project

@@ -31,11 +31,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import arg, casts_one_of, has_star, is_const, kwargs, method_call, receiver, string_value
 from ampfix.migration.groups import Group, Refuse
+from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
 from ampfix.migration.flow import ancestors_stmts, follows, forward_region, guards, is_main_guard, stmt_of
 from ampfix.migration.fp16_holders import Holder, holder_of, instance_reads, name_in
-from ampfix.migration.handoff import schedule_class
+from ampfix.migration.handoff import reads_plain_optimizer, schedule_class
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, description, scaler_call
 from ampfix.rule import ImportSpec
 from ampfix.model.apex import apex_uses
@@ -120,7 +121,7 @@ class Fp16Planner:
         return g
 
 
-class Fp16Plan(Rewriter):
+class Fp16Plan(EvaluationRewrites, Rewriter):
     def __init__(self, project, g: Group, module, uses) -> None:
         super().__init__(project, g)
         self.m = module
@@ -154,11 +155,30 @@ class Fp16Plan(Rewriter):
             if not isinstance(n, ast.Call):
                 continue
             f, _ = self.p.resolve(self.m, n.func)
-            if f is None or f.module is self.m or id(f.node) in seen or id(f.module.tree) not in self.trees:
+            if f is None or f.module is self.m or id(f.node) in seen:
                 continue
+            if id(f.module.tree) not in self.trees:
+                if not self._flag_handed(f):
+                    continue
+                self.trees[id(f.module.tree)] = f.module
             seen.add(id(f.node))
             out.append((f.module, f.node))
         return out
+
+    def _flag_handed(self, f) -> bool:
+        """``f`` (a plain function of another module the maker calls, ``load_model(model, ckpt,
+        args)``) reads the fp16 flag as the maker does: every call of it is the maker's and hands
+        the flag's object to the parameter of the same name.  Its casts under the flag then made
+        the model float16 for the FP16_Optimizer, and go with it; another caller (an inference
+        script) would lose its float16 model, so then they stay (and the plan is refused)."""
+        flag = self._flag()
+        root = (flag or "").split(".")[0]
+        if not root or not root.isidentifier() or not f.module.editable or f.cls is not None or \
+                f.outer is not None or self.p.references(f) or root not in f.positional:
+            return False
+        sites = self.p.callers(f)
+        return bool(sites) and all(cs.caller is self.func and cs.module is self.m
+                                   and dotted(cs.argument(root)) == root for cs in sites)
 
     # -- the whole module ----------------------------------------------------------------------
     def plan(self) -> None:
@@ -190,6 +210,7 @@ class Fp16Plan(Rewriter):
             raise Refuse("FP16_Optimizer is assigned to several names: migrate it by hand")
         self.opt = targets.pop()
         self.ctor_line = calls[0].lineno
+        self.ctor_stmt = stmts[-1]
         func = m.function_of(calls[0])
         if any(m.function_of(c) is not func for c in calls):
             raise Refuse("the FP16_Optimizers of this module are made in different functions")
@@ -248,6 +269,8 @@ class Fp16Plan(Rewriter):
                 # plain optimizer as it took the FP16_Optimizer, and trains nothing)
                 continue
             params = self._params_given(n, f, bound, self.opt)
+            if len(params) == 1 and reads_plain_optimizer(f, params[0]):
+                continue  # `set_lr(optimizer, ...)`: only its learning rates
             if len(params) != 1:
                 raise Refuse(f"`{self.opt}` is handed to `{f.qualname}` (line {n.lineno}) in a way that names no "
                              "one parameter: pass the scaler there by hand")
@@ -631,7 +654,7 @@ class Fp16Plan(Rewriter):
                 raise Refuse(f"`{self.code(n.value)}` at line {n.lineno} may make the model float16 (`{name}` "
                              "cannot be followed): GradScaler cannot unscale float16 gradients; keep the model "
                              "float32 by hand")
-            if f is None or not any(isinstance(x, ast.Call) and self._is_half(x)
+            if f is None or not any(isinstance(x, ast.Call) and self._is_half(x) and id(x) not in self.removed
                                     for x in walk(f.node, into_functions=True)):
                 continue
             raise Refuse(f"`{self.code(n.value)}` at line {n.lineno} makes the model float16 ({f.module.path} line "
@@ -657,6 +680,15 @@ class Fp16Plan(Rewriter):
                 i = next(k for k, x in enumerate(block) if x is st)
                 self._add_region(f.module, block, i, i, header)
                 self.notes.add(f"`{f.qualname}` ran the float16 model: its forward runs under autocast")
+        # a function the maker hands the model to that only evaluates it (`eval_model_loss(model,
+        # loader, args)`, integer inputs, so no cast told): it ran the float16 model too
+        models = {x for x in self.models if "." not in x}
+        if models and self.enabled not in (None, "False"):
+            self._wrap_evaluations(self.m, self.func, self.unit, models | self._aliases(self.unit, models),
+                                   self.enabled, self.ctor_stmt)
+
+    def _covered_inside(self, f) -> bool:
+        return id(f.node) in self._half_before
 
     def _holder_at(self, node) -> Optional[Holder]:
         """The class that keeps the optimizer, where ``node`` is in one of its methods."""
@@ -693,6 +725,8 @@ class Fp16Plan(Rewriter):
             return
         if isinstance(st, ast.Expr) and st.value is call and dotted(inner):
             fc.remove(st)
+            for say in _says_half(st):
+                fc.remove(say)  # `logger.info("model.half() activated")` beside it says what went
         elif isinstance(st, ast.Assign) and st.value is call and len(st.targets) == 1 and \
                 self.code(st.targets[0]) == self.code(inner):
             fc.remove(st)
@@ -857,7 +891,10 @@ class Fp16Plan(Rewriter):
             if not (isinstance(st, (ast.Expr, ast.Assign)) and st.value is call):
                 raise Refuse(f"`{self.code(call)}` at line {call.lineno} is not a statement of its own")
             o = self._opt_of(call)
-            params = (self.inner_params if o == self.opt and self.inner_params else
+            # the model's name is the maker's: in a function the optimizer is handed to, the
+            # optimizer's own groups say which parameters it steps
+            here = self._mod(call) is self.m and self.m.function_of(call) is self.func
+            params = (self.inner_params if o == self.opt and self.inner_params and here else
                       f'(p for group in {o}.param_groups for p in group["params"])')
             rest = [self.code(a) for a in call.args] + [f"{k.arg}={self.code(k.value)}" for k in call.keywords]
             params = self._fp32_clip_params(st, rest) or params
@@ -1118,3 +1155,22 @@ def _of_the_warmup(st, made: Set[str]) -> bool:
         return logs and bool(reads & made) and not any(isinstance(n, ast.Call) for a in st.value.args
                                                         for n in ast.walk(a))
     return False
+
+
+def _says_half(st) -> List[ast.stmt]:
+    """The statements beside ``st`` (a ``model.half()`` that goes) that only log that the model
+    was made half (``logger.info('in fp16, model.half() activated')``): stale once it is not."""
+    _, _, block = block_of(st)
+    out = []
+    for x in block:
+        if x is st or not (isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)):
+            continue
+        name = (dotted(x.value.func) or "").rsplit(".", 1)[-1]
+        if name not in ("print", "info", "debug", "warning", "warn", "log"):
+            continue
+        texts = [c.value for a in x.value.args for c in ast.walk(a)
+                 if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        if texts and re.search(r"\bhalf\(\)|\.half\b", " ".join(texts)):
+            out.append(x)
+    return out
+

@@ -38,3 +38,33 @@ def schedule_class(f) -> bool:
     return not any(isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and (
         x.func.attr in ("backward", "scale_loss") or x.func.attr == "step" and "optim" in (
             dotted(x.func.value) or "").lower()) for x in walk(f.cls, into_functions=True))
+
+
+#: what a plain optimizer and apex's wrappers do alike: the learning rates, zeroing, and the
+#: state a checkpoint keeps (what it holds changes, and the plan's note says so, wherever it is read)
+_PLAIN_ATTRS = ("param_groups", "zero_grad", "state_dict", "load_state_dict")
+
+
+def reads_plain_optimizer(f, param: str) -> bool:
+    """Every read of ``param`` in ``f`` is ``param.param_groups`` or a call of ``param.zero_grad()``,
+    ``.state_dict()``, ``.load_state_dict(...)`` (a learning-rate setter, ``set_lr(optimizer, step,
+    ...)``; a checkpoint helper): ``f`` takes the plain optimizer as it took the wrapper, and a
+    scaler handed to it would be a parameter nothing reads.  False where ``param`` is stored,
+    rebound or handed on, or read in a nested function."""
+    seen = False
+    for x in walk(f.node, into_functions=True):
+        if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and x is not f.node:
+            if any(isinstance(y, ast.Name) and y.id == param for y in walk(x, into_functions=True)):
+                return False
+            continue
+        if not (isinstance(x, ast.Name) and x.id == param):
+            continue
+        parent = getattr(x, "_p", None)
+        if not isinstance(x.ctx, ast.Load) or not (isinstance(parent, ast.Attribute) and parent.value is x
+                                                    and parent.attr in _PLAIN_ATTRS):
+            return False
+        if parent.attr != "param_groups" and not (isinstance(getattr(parent, "_p", None), ast.Call)
+                                               and parent._p.func is parent):
+            return False
+        seen = True
+    return seen
