@@ -680,7 +680,9 @@ def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Bu
     nxt = following.lstrip(" \t")
     if following and not following.startswith(("\n", "\r")) and i < len(body) and not (
             at == src.starts[body[i].lineno - 1] and isinstance(body[i], (ast.Import, ast.ImportFrom))):
-        text += nl
+        # PEP 8: two blank lines between the imports and a top-level function or class
+        text += nl * (2 if last is None and isinstance(body[i], (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                   ast.ClassDef)) else 1)
     elif last is None and i == 1 and nxt and not following.startswith(("\n", "\r")):
         text += nl
     return [Edit(at, at, text)]
