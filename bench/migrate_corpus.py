@@ -195,6 +195,57 @@ def importers_of_removed(rel: str, before: str, after: str, others: dict) -> lis
     return out
 
 
+def _keyword_calls(tree) -> "Counter":
+    """(called name, keyword) of every call with a keyword argument (``f(x, scaler=s)`` and
+    ``obj.f(x, scaler=s)`` both give ("f", "scaler"))."""
+    import ast
+
+    out = Counter()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+            if name:
+                for k in n.keywords:
+                    if k.arg:
+                        out[(name, k.arg)] += 1
+    return out
+
+
+def unaccepted_keywords(before: str, after: str, others: dict) -> list:
+    """``f(..., kw=...)`` calls the migration added (a (name, keyword) pair more often after than
+    before) where ``f`` is defined in the project (``others``: path -> text, after the migration)
+    and no definition of that name takes ``kw`` (nor ``**kwargs``): a TypeError when it runs (a
+    callee whose file was not rewritten with its callers)."""
+    import ast
+
+    try:
+        new = _keyword_calls(ast.parse(after)) - _keyword_calls(ast.parse(before))
+    except SyntaxError:
+        return []
+    if not new:
+        return []
+    names = {f for f, _ in new}
+    defs: dict = {}
+    for text in others.values():
+        if not any(f"def {n}(" in text for n in names):
+            continue
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for d in ast.walk(tree):
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name in names:
+                a = d.args
+                takes = None if a.kwarg else {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+                defs.setdefault(d.name, []).append(takes)
+    out = []
+    for (f, kw), _ in sorted(new.items()):
+        seen = defs.get(f)
+        if seen and all(t is not None and kw not in t for t in seen):
+            out.append(f"`{f}(..., {kw}=...)`: no `{f}` of the project takes `{kw}`")
+    return out
+
+
 def unused_scalers(text: str) -> list:
     """Lines where a GradScaler is bound to a name that its function (or module) never reads: dead
     code a migration must not leave (issue 21 §3)."""
@@ -739,6 +790,8 @@ def side(mods, fls):
         "files keeping a float16 model beside a GradScaler (read each)": sum(bool(f.get("half_models")) for f in fls),
         "files whose removed names another file imports (ImportError there)":
             sum(bool(f.get("imports_of_removed_names")) for f in fls),
+        "files passing a keyword no function of that name takes (TypeError there)":
+            sum(bool(f.get("unaccepted_keywords")) for f in fls),
         "files calling a scaler that may be None": sum(bool(f.get("scaler_calls_on_none")) for f in fls),
         "files where a loop steps the scaler again before its update":
             sum(bool(f.get("steps_without_update")) for f in fls),
@@ -899,6 +952,7 @@ def main(argv=None) -> int:
                         continue
             gone_imports = importers_of_removed(Path(rel).as_posix(), text_before, text_after, others) \
                 if changed and compiles else []
+            unaccepted = unaccepted_keywords(text_before, text_after, others) if changed and compiles else []
             halves = half_models(text_after) if changed and compiles else []
             halves = halves if len(halves) > len(half_models(text_before)) else []
             restep = steps_without_update(text_after) if changed and compiles else []
@@ -920,9 +974,9 @@ def main(argv=None) -> int:
                           "required_not_passed": not_passed, "required_callers_not_found": not_found,
                           "required_maybe_not_passed": named_not_passed, "bf16_to_numpy": to_numpy,
                           "steps_without_update": restep, "half_models": halves,
-                          "imports_of_removed_names": gone_imports})
+                          "imports_of_removed_names": gone_imports, "unaccepted_keywords": unaccepted})
             ok = (compiles and not new_self and syncs <= 0 and not maybe_none and not undefined
-                  and not not_passed and not to_numpy and not restep and not gone_imports)
+                  and not not_passed and not to_numpy and not restep and not gone_imports and not unaccepted)
             for k in ("apex.amp", "FP16_Optimizer"):
                 had = [d for d in by[path] if kind(d) == k]
                 if not had:

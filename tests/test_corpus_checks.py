@@ -280,3 +280,18 @@ def test_a_removed_name_another_file_imports_is_reported():
     assert mc.importers_of_removed("pkg/modeling.py", before, after, others) == [
         "pkg/modeling_gpt2.py line 1: BertLayerNorm", "app/visual.py line 1: BertLayerNorm"]
     assert mc.importers_of_removed("pkg/modeling.py", before, before, others) == []
+
+
+def test_a_keyword_added_that_no_function_of_that_name_takes_is_reported():
+    # a helper whose file was not rewritten with its caller (the part that made it take the
+    # scaler was dropped): the added `scaler=` is a TypeError where it runs
+    before = "from ckpt import load\nload(model, optimizer, path)\nsave(model, path)\n"
+    after = "from ckpt import load\nload(model, optimizer, path, scaler=scaler)\nsave(model, path, scaler=scaler)\n"
+    others = {"ckpt.py": "def load(model, optimizer, path):\n    pass\n\n\ndef save(model, path, **extra):\n    pass\n"}
+    assert mc.unaccepted_keywords(before, after, others) == [
+        "`load(..., scaler=...)`: no `load` of the project takes `scaler`"]
+    # taken, as a parameter or into **kwargs, or a function the project does not define: not counted
+    others["ckpt.py"] = "def load(model, optimizer, path, *, scaler):\n    pass\n"
+    assert mc.unaccepted_keywords(before, after, others) == []
+    assert mc.unaccepted_keywords(before, after, {}) == []
+    assert mc.unaccepted_keywords(before, before, others) == []
