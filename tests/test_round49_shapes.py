@@ -176,3 +176,19 @@ def test_a_helper_that_halves_for_another_caller_too_is_refused(tmp_path):
     assert out.exit_code == 1, out.output
     assert "makes the model float16" in out.output and "`load_model`" in out.output
     assert "would be rewritten" not in out.output
+
+
+def test_a_migration_is_never_applied_in_part_when_a_rule_is_not_selected(tmp_path):
+    # `--select AMP101` selects the rule that says the helper's part (utils.py) and not the one
+    # that carries train.py's (AMP102): before, utils.py was rewritten alone and train.py called
+    # `clip(optimizer, 1.0)` without the scaler the helper now requires
+    train = TRAIN.replace("from utils import set_lr", "from utils import clip").replace(
+        "    set_lr(optimizer, step, 0.1)\n", "    clip(optimizer, 1.0)\n")
+    write(tmp_path, {"train.py": train, "utils.py": CLIP})
+    for code in ("AMP101", "AMP102"):
+        out = run(tmp_path, "--select", code, "--write")
+        assert (tmp_path / "utils.py").read_text() == CLIP, (code, out.output)
+        assert (tmp_path / "train.py").read_text() == train, (code, out.output)
+    assert run(tmp_path, "--write", "-q").exit_code == 0
+    assert "scaler=scaler" in (tmp_path / "train.py").read_text()
+    assert "*, scaler" in (tmp_path / "utils.py").read_text()

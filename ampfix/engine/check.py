@@ -206,10 +206,15 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         reports = [r for r in reports if not sup.suppressed(r.line, r.rule.code)]
         if n_pass == 0:
             first = reports
+            if fix and plan:
+                failed.extend(_parts_not_carried(plan, reports, fix, allowed_groups))
+                seen_failed.update((f.description, 0) for f, _ in failed)
         if not fix:
             break
+        gone = {f.group for f, _ in failed if f.group is not None}
         fixes = list({id(r.fix): r.fix for r in reports if r.fix and r.fix.edits and (r.fix.safe or fix == "unsafe")
                       and (r.fix.group is None or allowed_groups is None or r.fix.group in allowed_groups)
+                      and r.fix.group not in gone
                       and (r.fix.description, r.line) not in seen_failed}.values())
         if not fixes:
             break
@@ -240,6 +245,19 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
         result.fixed = src.text
         result.fixed_bytes = src.encode(src.text) if src.text != original else src.data
     return result
+
+
+def _parts_not_carried(plan, reports: List[Report], fix: str, allowed_groups) -> List[Tuple[Fix, str]]:
+    """The planned fixes of this file that no report carries (their rule is not selected, or the
+    line says ``# noqa``): a migration's part here would not go in while its other files' parts
+    do (a function that takes the scaler, its callers not passing it), so each such group is
+    taken back everywhere."""
+    planned = {f.group: f for f in [*plan.fixes.values(), *(r.fix for r in plan.reports if r.fix is not None)]
+               if f.group is not None and f.edits and (f.safe or fix == "unsafe")
+               and (allowed_groups is None or f.group in allowed_groups)}
+    carried = {r.fix.group for r in reports if r.fix is not None and r.fix.group is not None}
+    return [(f, "its rule is not selected in this file, or its line says noqa: the migration's other files "
+                "cannot change without this one") for g, f in planned.items() if g not in carried]
 
 
 def _with_planned_reasons(reports: List[Report], first: List[Report], failed_groups=frozenset()) -> List[Report]:

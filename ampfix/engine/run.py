@@ -108,7 +108,8 @@ def _check_paths(jobs, texts, settings, fix, planners, workers, cache, progress)
                 break
             failed |= new
             redo = [i for i, (p, codes, st, fx, plan) in enumerate(tasks)
-                    if plan and any(f.group in failed for f in plan.fixes.values())]
+                    if plan and any(f.group in failed for f in [*plan.fixes.values(),
+                                                                 *(r.fix for r in plan.reports if r.fix)])]
             for i in redo:
                 p, codes, st, fx, plan = tasks[i]
                 tasks[i] = (p, codes, st, fx, _without_groups(plan, failed))

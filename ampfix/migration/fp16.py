@@ -340,6 +340,13 @@ class Fp16Plan(EvaluationRewrites, Rewriter):
         for f, param in self.callees.values():
             fc = self.fc(f.module)
             add_keyword_param(fc, f, self.scaler)
+            if f.module is not self.m:
+                # no apex name there: the report of its part is at the parameter that takes the optimizer
+                a = f.node.args
+                at = next((x for x in [*a.posonlyargs, *a.args, *a.kwonlyargs] if x.arg == param), f.node)
+                self.g.anchors.setdefault(f.module.path, []).append(
+                    (at, f"`{f.qualname}` receives the FP16_Optimizer made in {self.m.path} (line {self.ctor_line}): "
+                         f"it takes the GradScaler too"))
             for cs in self.p.callers(f):
                 cfc = self.fc(cs.module)
                 cfc.edits.append(cfc.b.insert_arg(cs.node, f"{self.scaler}={self.scaler}"))

@@ -194,9 +194,9 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
                 # is at the first edit, so the file's part is never dropped while the others land
                 first = min(fc.final_edits, key=lambda e: e.start)
                 line, col = src.position(first.start)
-                fp.reports.append(PlannedReport(line, col, line, col, f"this file takes part in the migration of "
-                                                f"{', '.join(o for o in others if o != path) or 'the project'}",
-                                                fix))
+                with_ = ", ".join(o for o in others if o != path) or "the project"
+                fp.reports.append(PlannedReport(line, col, line, col, f"rewritten with {with_}: this file's part of "
+                                                f"their migration ({g.kind})", fix))
         if g.note_at_anchor and uses:
             fp.notes[(uses[0].lineno, uses[0].col_offset)] = g.note_at_anchor
 
