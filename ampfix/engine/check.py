@@ -208,7 +208,6 @@ def check_text(src: Source, rules: Sequence[type], settings: Settings, fix: Opti
             first = reports
             if fix and plan:
                 failed.extend(_parts_not_carried(plan, reports, fix, allowed_groups))
-                seen_failed.update((f.description, 0) for f, _ in failed)
         if not fix:
             break
         gone = {f.group for f, _ in failed if f.group is not None}

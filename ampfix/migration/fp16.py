@@ -29,7 +29,8 @@ import ast
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from ampfix.model.analysis import arg, casts_one_of, has_star, is_const, kwargs, method_call, receiver, string_value
+from ampfix.model.analysis import (arg, casts_one_of, has_star, is_const, is_log_call, kwargs, method_call, receiver,
+                                   string_value)
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.rewriter import Rewriter
@@ -1170,14 +1171,10 @@ def _says_half(st) -> List[ast.stmt]:
     _, _, block = block_of(st)
     out = []
     for x in block:
-        if x is st or not (isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)):
-            continue
-        name = (dotted(x.value.func) or "").rsplit(".", 1)[-1]
-        if name not in ("print", "info", "debug", "warning", "warn", "log"):
+        if x is st or not is_log_call(x):
             continue
         texts = [c.value for a in x.value.args for c in ast.walk(a)
                  if isinstance(c, ast.Constant) and isinstance(c.value, str)]
         if texts and re.search(r"\bhalf\(\)|\.half\b", " ".join(texts)):
             out.append(x)
     return out
-
