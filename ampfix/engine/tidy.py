@@ -626,10 +626,12 @@ def _import_text(stmt, aliases, src: Optional[Source] = None) -> str:
     return f"from {'.' * stmt.level}{stmt.module or ''} import {names}"
 
 
-def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Builder] = None) -> List[Edit]:
+def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Builder] = None,
+                gap: Optional[int] = None) -> List[Edit]:
     """Edits adding ``import X`` / ``from X import Y`` where the module lacks them: after the
     imports at the top of the module (after its docstring and ``__future__`` imports), with a
-    blank line before the code that follows."""
+    blank line before the code that follows (two before a function or class, PEP 8). ``gap``: the
+    blank lines the file had after imports that went (the new import takes their place and keeps them)."""
     b = builder or Builder(src)
     tree = model.tree
     need = []
@@ -680,9 +682,13 @@ def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Bu
     nxt = following.lstrip(" \t")
     if following and not following.startswith(("\n", "\r")) and i < len(body) and not (
             at == src.starts[body[i].lineno - 1] and isinstance(body[i], (ast.Import, ast.ImportFrom))):
-        # PEP 8: two blank lines between the imports and a top-level function or class
-        text += nl * (2 if last is None and isinstance(body[i], (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                   ast.ClassDef)) else 1)
+        # PEP 8: two blank lines between the imports and a top-level function or class, unless the
+        # import takes the place of ones that went: then the file's own spacing stays
+        if last is None and gap:
+            text += nl * gap
+        else:
+            text += nl * (2 if last is None and isinstance(body[i], (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                       ast.ClassDef)) else 1)
     elif last is None and i == 1 and nxt and not following.startswith(("\n", "\r")):
         text += nl
     return [Edit(at, at, text)]
@@ -1147,6 +1153,7 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
     model = Model(src.tree, star_exports)
     b = Builder(src)
     edits = removal_of_unused(src, model, removes, b) if removes else []
+    gap = _blank_after_imports(src, model.tree) if edits else None
     guarded = guard_flags(model.tree) if edits else set()
     out = apply_edits(text, edits) if edits else text
     if edits:
@@ -1172,9 +1179,31 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
             src.parse()
             model = Model(src.tree, star_exports)
             b = Builder(src)
-        add = addition_of(src, model, adds, b)
+        add = addition_of(src, model, adds, b, gap=gap)
         out = apply_edits(out, add) if add else out
     return out
+
+
+def _blank_after_imports(src: Source, tree) -> Optional[int]:
+    """The blank lines between the imports at the top of the module and the statement after them."""
+    body = tree.body
+    i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        and isinstance(body[0].value.value, str) else 0
+    last = None
+    while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom)):
+        last = body[i]
+        i += 1
+    if last is None or i >= len(body):
+        return None
+    first = body[i].lineno
+    if getattr(body[i], "decorator_list", None):
+        first = min(first, *(d.lineno - 1 for d in body[i].decorator_list))
+    n = 0
+    for no in range(last.end_lineno + 1, first):
+        if src.line_text(no).strip():
+            return None  # a comment between: the remover decides what stays
+        n += 1
+    return n
 
 
 def _stale_globals(text: str, path: str, names: Set[str]) -> str:
