@@ -121,8 +121,9 @@ def half_models(text: str) -> list:
                     base = base.func.value
                 if ast.unparse(base) in models or assigned.get(id(x)) in models:
                     out.append(x.lineno)
-            elif re.search(r"(?i)half|fp16", ast.unparse(x.func).rsplit(".", 1)[-1]) and x.args and \
-                    ast.unparse(x.args[0]) in models:
+            elif re.search(r"(?i)half|fp16", name := ast.unparse(x.func).rsplit(".", 1)[-1]) and x.args and \
+                    ast.unparse(x.args[0]) in models and not re.search(r"(?i)load|save|state", name):
+                # `load_state_dict_flexible_with_fp16(model, sd)` loads weights into the model: no cast
                 out.append(x.lineno)
     return sorted(set(out))
 
@@ -156,7 +157,7 @@ def module_names(text: str) -> set:
 def importers_of_removed(rel: str, before: str, after: str, others: dict) -> list:
     """``file: from X import name`` in the other files (``others``: path -> text, after the
     migration) for each top-level name of ``rel`` that the migration removed, where ``X`` names
-    ``rel`` (its dotted name ends in ``rel``'s module, or a relative import reaches its file): that
+    ``rel`` (its dotted name is a tail of ``rel``'s dotted path, or a relative import reaches its file): that
     import now raises ImportError."""
     import ast
     import posixpath
@@ -165,8 +166,9 @@ def importers_of_removed(rel: str, before: str, after: str, others: dict) -> lis
     if not gone:
         return []
     rel = rel.replace("\\", "/")
-    stem = posixpath.basename(posixpath.dirname(rel)) if rel.endswith("/__init__.py") else \
-        posixpath.splitext(posixpath.basename(rel))[0]
+    # the file's dotted path: an absolute import names it by a tail of it (`pkg.modeling` for
+    # src/pkg/modeling.py; not `lxrt.modeling`, another package's module of that name)
+    dotted = (posixpath.dirname(rel) if rel.endswith("/__init__.py") else posixpath.splitext(rel)[0]).split("/")
     out = []
     for other, text in others.items():
         if other == rel or not any(n in text for n in gone):
@@ -189,7 +191,7 @@ def importers_of_removed(rel: str, before: str, after: str, others: dict) -> lis
                 target = posixpath.join(folder, *parts)
                 if target + ".py" != rel and posixpath.join(target, "__init__.py") != rel:
                     continue
-            elif not st.module or st.module.split(".")[-1] != stem:
+            elif not st.module or dotted[-len(st.module.split(".")):] != st.module.split("."):
                 continue
             out.extend(f"{other} line {st.lineno}: {n}" for n in hit)
     return out

@@ -264,6 +264,9 @@ def test_a_float16_model_left_beside_a_gradscaler_is_counted():
     assert mc.half_models("import torch\nx = x.half()\nopt = SGD(model.parameters())\n"
                           "scaler = torch.amp.GradScaler('cuda')\n") == []
     assert mc.half_models("def export(model):\n    model.half()\n    return model.parameters()\n") == []
+    # a loader named for fp16 checkpoints puts weights into the model; it does not make it float16
+    assert mc.half_models("import torch\nopt = SGD(model.parameters())\nscaler = torch.amp.GradScaler('cuda')\n"
+                          "load_state_dict_flexible_with_fp16(model, sd)\nmodel = network_to_half(model)\n") == [5]
 
 
 def test_a_removed_name_another_file_imports_is_reported():
@@ -276,7 +279,9 @@ def test_a_removed_name_another_file_imports_is_reported():
               "pkg/modeling_gpt2.py": "from .modeling import BertLayerNorm as LayerNorm\n",
               "app/visual.py": "from pkg.modeling import BertLayerNorm, gelu\n",
               "other/modeling_copy.py": "from .modeling import BertLayerNorm\n",  # its own package's copy
-              "x.py": "from torch.nn import BertLayerNorm\n"}
+              "x.py": "from torch.nn import BertLayerNorm\n",
+              # another package's module of the same name
+              "other/src/task.py": "from lxrt.modeling import BertLayerNorm\n"}
     assert mc.importers_of_removed("pkg/modeling.py", before, after, others) == [
         "pkg/modeling_gpt2.py line 1: BertLayerNorm", "app/visual.py line 1: BertLayerNorm"]
     assert mc.importers_of_removed("pkg/modeling.py", before, before, others) == []
