@@ -98,11 +98,17 @@ class ApexRule(Rule):
 
     def visit_Module(self, node: ast.Module) -> None:
         """Reports the migration planner makes itself (a file it edits where apex is not used:
-        a caller that now passes the scaler); one apex rule says them."""
+        a caller that now passes the scaler); the apex rule of the migration's kind says them
+        (``says_plan_reports``: the kinds it says), so selecting it alone carries its migration."""
         plan = self.ctx.plan
-        if plan and getattr(type(self), "says_plan_reports", False):
-            for r in plan.reports:
-                self.report_at(r.line, r.col, r.end_line, r.end_col, r.message, r.fix)
+        kinds = getattr(type(self), "says_plan_reports", ())
+        if plan and kinds:
+            # several rules of a kind may run on the file: the first says each report
+            said = self.ctx.cached("apex: planner reports said", set)
+            for i, r in enumerate(plan.reports):
+                if r.kind in kinds and i not in said:
+                    said.add(i)
+                    self.report_at(r.line, r.col, r.end_line, r.end_col, r.message, r.fix)
 
     def visit_Name(self, node: ast.Name) -> None:
         self._check(node)

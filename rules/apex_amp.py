@@ -98,7 +98,8 @@ class ApexAmp(ApexRule):
     prefix = "apex.amp"
     #: the whole-project migration (ampfix.migration) plans this rule's fixes
     planner = staticmethod(migration_plan)
-    says_plan_reports = True
+    #: the planner's own reports of these migrations (a file edited without apex use) are this rule's
+    says_plan_reports = ("apex.amp", "dual")
 
     VALID = [Valid("import torch\nscaler = torch.amp.GradScaler('cuda')\n"),
              Valid("from mylib import amp\nmodel = amp.initialize(model)\n")]

@@ -74,6 +74,8 @@ class ApexFp16Utils(ApexRule):
     since = "1.6"
     prefix = "apex.fp16_utils"
     planner = staticmethod(migration_plan)
+    #: the planner's own reports of FP16_Optimizer migrations (a file edited without apex use)
+    says_plan_reports = ("fp16", "dual")
 
     VALID = [Valid("from mylib.fp16_utils import FP16_Optimizer\nopt = FP16_Optimizer(opt)\n")]
     INVALID = [

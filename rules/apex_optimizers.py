@@ -1,6 +1,7 @@
 
 from ampfix.model.analysis import has_star, is_const, kwargs
 from ampfix.migration.exports import plan as exports_plan
+from ampfix.migration.planner import plan as migration_plan
 from ampfix.rule import Fix, Invalid, Valid
 from ampfix.rules._apex import ApexRule
 
@@ -46,8 +47,11 @@ class ApexOptimizers(ApexRule):
     summary = "apex.optimizers: use torch.optim (fused=True where it exists and is safe)"
     fix_kind = "safe"
     since = "2.0"
-    planner = staticmethod(exports_plan)
+    #: fused optimizers' exports; apex.optimizers.FP16_Optimizer is the migration's
+    planner = (exports_plan, migration_plan)
     prefix = "apex.optimizers"
+    #: apex.optimizers.FP16_Optimizer: the planner's own reports of its migration
+    says_plan_reports = ("fp16", "dual")
 
     VALID = [Valid("import torch\nopt = torch.optim.AdamW(p, fused=True)\n")]
     INVALID = [

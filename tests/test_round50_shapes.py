@@ -5,9 +5,15 @@
    one (the fix has no reason to touch that line); one with two keeps two; a file that had no
    imports and starts with a function gets two under the added import (PEP 8, E302).
 """
+import json
+import shutil
 import textwrap
+from pathlib import Path
 
-from test_round17_shapes import migrated
+from click.testing import CliRunner
+from test_round17_shapes import migrated, write
+
+from ampfix.cli import main
 
 CLASS = textwrap.dedent('''\
     import torch.cuda.amp as amp
@@ -44,3 +50,56 @@ def test_added_import_above_a_function_gets_two_blank_lines(tmp_path):
     out = migrated(tmp_path, {"m.py": src}, "m.py")
     assert out.startswith("import torch\n\n\ndef train("), out
     assert "scaler.scale(loss).backward()" in out
+
+
+# 2. A migration that spans files, run with one rule selected: `ampfix migrate --select AMP104` on
+#    an `apex.optimizers.FP16_Optimizer` training (its helper in another module changes too) ran
+#    no migration planner (AMP104's was only the fused optimizers'), so it left the use with no
+#    fix and no reason; and the report in the helper's file was said by AMP101 alone, so with
+#    AMP102 or AMP104 selected that file's part was not carried and the migration was taken back.
+#    Each rule of the migration's kind says its planner's reports now, once.
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "fp16_loader" / "before"
+
+
+def _diff(root: Path, *extra) -> str:
+    out = CliRunner().invoke(main, ["migrate", *extra, str(root)])
+    return out.output.replace(str(root), "ROOT")
+
+
+def test_one_rule_selected_carries_its_migration_across_files(tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(FIXTURE, root)
+    full = _diff(root)
+    assert "helpers.py: would be rewritten" in full and "main.py: would be rewritten" in full
+    assert _diff(root, "--select", "AMP104") == full
+    # the helper's report is said once, though AMP102 and AMP104 both say FP16_Optimizer's
+    out = CliRunner().invoke(main, ["check", "--no-cache", "--output-format", "json", str(root)])
+    rows = [d for d in json.loads(out.output)["diagnostics"] if d["path"].endswith("helpers.py")]
+    assert len(rows) == 1, rows
+
+
+def test_fp16_utils_helper_migrates_with_its_rule_alone(tmp_path):
+    files = {"helpers.py": (FIXTURE / "helpers.py").read_text(),
+             "main.py": (FIXTURE / "main.py").read_text().replace(
+                 "from apex.optimizers import FP16_Optimizer", "from apex.fp16_utils import FP16_Optimizer")}
+    write(tmp_path / "a", files)
+    write(tmp_path / "b", files)
+    alone = migrated(tmp_path / "a", {}, "helpers.py", "--select", "AMP102")
+    every = migrated(tmp_path / "b", {}, "helpers.py")
+    assert alone == every
+    assert "model.half()" not in alone
+
+
+def test_a_noqa_on_one_files_part_takes_the_whole_migration_back(tmp_path):
+    # the helper's part is suppressed on its line: the caller must not be rewritten to pass a scaler
+    # the helper would not take (the engine's whole-or-nothing, now that --select carries it)
+    from test_round49_shapes import CLIP, TRAIN
+
+    train = TRAIN.replace("from utils import set_lr", "from utils import clip").replace(
+        "    set_lr(optimizer, step, 0.1)\n", "    clip(optimizer, 1.0)\n")
+    helper = CLIP.replace("def clip(optimizer, norm):", "def clip(optimizer, norm):  # noqa: AMP102")
+    write(tmp_path, {"train.py": train, "utils.py": helper})
+    out = CliRunner().invoke(main, ["migrate", "--write", str(tmp_path)])
+    assert (tmp_path / "train.py").read_text() == train, out.output
+    assert (tmp_path / "utils.py").read_text() == helper, out.output
+    assert "could not take its part" in out.output, out.output

@@ -158,7 +158,7 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
                     msg += f" (not rewritten{where}: {g.refusal})"
                 fp.reports.append(PlannedReport(u.lineno, m.src.char_col(u.lineno, u.col_offset), u.end_lineno,
                                                 m.src.char_col(u.end_lineno, u.end_col_offset), msg,
-                                                fix if k == 0 else None))
+                                                fix if k == 0 else None, g.kind))
 
         if g.refusal is not None:
             report_stand_ins(None)
@@ -188,7 +188,7 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
             for i, (node, msg) in enumerate(anchors):
                 fp.reports.append(PlannedReport(node.lineno, src.char_col(node.lineno, node.col_offset),
                                                 node.end_lineno, src.char_col(node.end_lineno, node.end_col_offset),
-                                                msg, fix if i == 0 else None))
+                                                msg, fix if i == 0 else None, g.kind))
             if not anchors and fc.final_edits:
                 # no planner named a place here (a function that now takes the scaler): the report
                 # is at the first edit, so the file's part is never dropped while the others land
@@ -196,7 +196,7 @@ def _emit(project, g: Group, out: Dict[str, FilePlan]) -> None:
                 line, col = src.position(first.start)
                 with_ = ", ".join(o for o in others if o != path) or "the project"
                 fp.reports.append(PlannedReport(line, col, line, col, f"rewritten with {with_}: this file's part of "
-                                                f"their migration ({g.kind})", fix))
+                                                f"their migration ({g.kind})", fix, g.kind))
         if g.note_at_anchor and uses:
             fp.notes[(uses[0].lineno, uses[0].col_offset)] = g.note_at_anchor
 

@@ -27,6 +27,9 @@ class PlannedReport:
     end_col: int
     message: str
     fix: Optional[Fix]
+    #: the kind of migration it belongs to (the group's: "apex.amp", "fp16", "dual"): the rule of
+    #: that kind says it, so ``--select`` of that rule alone carries the whole migration
+    kind: str = ""
 
 
 @dataclass
@@ -63,10 +66,12 @@ class FilePlan:
 
 
 def planners_of(rules) -> list:
-    """The distinct project planners that the given rules use, in a stable order."""
+    """The distinct project planners that the given rules use, in a stable order (a rule's
+    ``planner``: one function, or a tuple of them where several plan its fixes)."""
     out = []
     for r in rules:
         p = getattr(r, "planner", None)
-        if p is not None and p not in out:
-            out.append(p)
+        for q in (p if isinstance(p, tuple) else (p,)):
+            if q is not None and q not in out:
+                out.append(q)
     return out
