@@ -58,6 +58,19 @@ class ManualHalf(Rule):
                     loss = model(x)
             """
         ),
+        # an input has no gradients to unscale: the scaler's reason is not given for it
+        Invalid(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for x in loader:
+                x = x.cuda().half()
+                net = net.half()
+            """,
+            count=2,
+            message="beside GradScaler",
+        ),
     ]
 
     def visit_Module(self, node: ast.Module) -> None:
@@ -84,5 +97,32 @@ class ManualHalf(Rule):
             related += [k for _, k in module_level] if unit is not node else [k for _, k in amp_uses]
             if not related:
                 continue
-            why = "with GradScaler (it cannot unscale float16 gradients)" if "scaler" in related else "under autocast"
+            if "scaler" in related and self._casts_a_model(c, calls):
+                why = "of a model with GradScaler (it cannot unscale float16 gradients)"
+            elif "autocast" in related:
+                why = "under autocast"
+            else:
+                why = "beside GradScaler"
             self.report(c, f"{what} {why}: keep float32 and let autocast cast per op")
+
+    @staticmethod
+    def _casts_a_model(cast: ast.Call, calls) -> bool:
+        """Whether the cast converts a module (its weights): the receiver, under its chained
+        calls (``Net().cuda().half()``), is a class being built, or the name it is, or is
+        assigned to, has its parameters, state or mode read in the file (``model.parameters()``,
+        ``model.eval()``).  An input (``x.half()``) has no weights to unscale."""
+        base = cast.func.value
+        while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+            base = base.func.value
+        if isinstance(base, ast.Call):
+            name = base.func.attr if isinstance(base.func, ast.Attribute) else getattr(base.func, "id", "")
+            if name[:1].isupper():
+                return True
+        names = {ast.unparse(base)}
+        p = getattr(cast, "_p", None)
+        while isinstance(p, (ast.Call, ast.Attribute)):  # `model = Net().half().cuda()`
+            p = getattr(p, "_p", None)
+        if isinstance(p, ast.Assign) and len(p.targets) == 1:
+            names.add(ast.unparse(p.targets[0]))
+        return any(method_call(c, "parameters", "named_parameters", "state_dict", "eval", "train")
+                   and ast.unparse(c.func.value) in names for c in calls)
