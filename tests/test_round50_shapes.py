@@ -103,3 +103,82 @@ def test_a_noqa_on_one_files_part_takes_the_whole_migration_back(tmp_path):
     assert (tmp_path / "train.py").read_text() == train, out.output
     assert (tmp_path / "utils.py").read_text() == helper, out.output
     assert "could not take its part" in out.output, out.output
+
+
+# 3. An evaluation of a model whose `.half()` the FP16_Optimizer migration removed runs under
+#    autocast enabled by that cast's own condition, not the scaler's: SpanBERT's run_squad.py makes
+#    the FP16_Optimizer only when training (the scaler is enabled by `fp16 and do_train`) and
+#    halves the model it evaluates under `if args.fp16:` alone, so an evaluation-only run with
+#    --fp16 evaluated in float16 before and would have been float32 after.
+EVAL_ONLY = textwrap.dedent('''\
+    import argparse
+
+    import torch
+    from apex.optimizers import FP16_Optimizer, FusedAdam
+
+    from tools import Net, evaluate
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--fp16", action="store_true")
+        parser.add_argument("--do_train", action="store_true")
+        args = parser.parse_args()
+        if args.do_train:
+            model = Net()
+            if args.fp16:
+                model.half()
+            model.cuda()
+            if args.fp16:
+                optimizer = FP16_Optimizer(FusedAdam(model.parameters()), dynamic_loss_scale=True)
+            else:
+                optimizer = torch.optim.Adam(model.parameters())
+            for x in range(10):
+                loss = model(torch.randn(4, 8, device="cuda")).sum()
+                if args.fp16:
+                    optimizer.backward(loss)
+                else:
+                    loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            torch.save(model.state_dict(), "model.pt")
+        model = Net()
+        model.load_state_dict(torch.load("model.pt"))
+        if args.fp16:
+            model.half()
+        model.cuda()
+        print(evaluate(model))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+TOOLS = textwrap.dedent('''\
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.fc(x)
+
+
+    def evaluate(model):
+        model.eval()
+        with torch.no_grad():
+            return model(torch.ones(2, 8, device="cuda")).float().sum().item()
+''')
+
+
+def test_an_evaluation_runs_under_autocast_by_its_own_casts_condition(tmp_path):
+    out = migrated(tmp_path, {"train.py": EVAL_ONLY, "tools.py": TOOLS}, "train.py")
+    assert "model.half()" not in out
+    assert "FP16_Optimizer" not in out
+    # the scaler is made where training is chosen (the FP16_Optimizer was only made there)
+    assert "GradScaler" in out
+    evaluation = out.split("print(evaluate(model))")[0].rsplit("\n", 2)[-2]
+    assert evaluation.strip() == 'with torch.autocast("cuda", dtype=torch.float16, enabled=bool(args.fp16)):', out

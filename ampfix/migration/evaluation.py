@@ -126,7 +126,8 @@ class EvaluationRewrites:
                 continue
             owner, field, block = block_of(st)
             i = next(k for k, x in enumerate(block) if x is st)
-            self._add_region(module, block, i, i, autocast_call(self.s, cond), evaluation=True)
+            self._add_region(module, block, i, i, autocast_call(self.s, self._evaluation_cond(module, unit, st, models,
+                                                                                      cond)), evaluation=True)
             self.notes.add(f"`{f.qualname}` ran the model in half precision under apex: its call runs under "
                            "autocast")
         return trains
@@ -242,6 +243,11 @@ class EvaluationRewrites:
         by_name = {"self." + o.node.name: o for o in methods if o is not m}
         return any(isinstance(x, ast.Call) and dotted(x.func) in by_name and
                    EvaluationRewrites._runs_only(by_name[dotted(x.func)], attrs, methods, depth + 1) for x in body)
+
+    def _evaluation_cond(self, module, unit, st, models: Set[str], cond: str) -> str:
+        """The condition under which the model an evaluation at ``st`` runs was half precision under
+        apex (``cond``: the plan's own, by default)."""
+        return cond
 
     def _covered_inside(self, f) -> bool:
         """Whether the plan puts ``f``'s own forwards under autocast already (then its call is not

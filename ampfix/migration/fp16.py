@@ -31,11 +31,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ampfix.model.analysis import (arg, casts_one_of, has_star, is_const, is_log_call, kwargs, method_call, receiver,
                                    string_value)
+from ampfix.engine.tidy import pure
 from ampfix.migration.groups import Group, Refuse
 from ampfix.migration.evaluation import EvaluationRewrites
 from ampfix.migration.rewriter import Rewriter
 from ampfix.migration.seeds import apex_import_specs
-from ampfix.migration.flow import ancestors_stmts, follows, forward_region, guards, is_main_guard, stmt_of
+from ampfix.migration.flow import ancestors_stmts, follows, forward_region, guards, is_main_guard, other_branch, stmt_of
 from ampfix.migration.fp16_holders import Holder, holder_of, instance_reads, name_in
 from ampfix.migration.handoff import reads_plain_optimizer, schedule_class
 from ampfix.migration.spell import STATIC_NOTE, as_bool, autocast_call, bf16, conj, description, scaler_call
@@ -132,6 +133,8 @@ class Fp16Plan(EvaluationRewrites, Rewriter):
         self.code = lambda node: self._mod(node).src.code(node)
         self.notes = g.notes
         self.removed: Set[int] = set()
+        #: the float16 casts the plan removes (``model.half()``), in the order it found them
+        self.removed_casts: List[ast.Call] = []
         self._half_before: Dict[int, tuple] = {}
         self.callees: Dict[int, Tuple[object, str]] = {}
         #: classes the optimizer is handed to, which keep it on self: {id(ClassDef): Holder}
@@ -698,6 +701,27 @@ class Fp16Plan(EvaluationRewrites, Rewriter):
     def _covered_inside(self, f) -> bool:
         return id(f.node) in self._half_before
 
+    def _evaluation_cond(self, module, unit, st, models: Set[str], cond: str) -> str:
+        """An evaluation of a model whose ``.half()`` the plan removed: it ran in half precision
+        under that cast's own condition (``if args.fp16: model.half()`` before an evaluation-only
+        run, where the FP16_Optimizer is made only when training), not the scaler's.  The last such
+        cast before ``st`` in its unit, on its way, under tests ``st`` is not under itself: those
+        tests (pure ones); else the scaler's condition."""
+        casts = [c for c in self.removed_casts if self._mod(c) is module and c.lineno < st.lineno
+                 and casts_one_of(c, models) and any(c is x for x in walk(unit))
+                 and not other_branch(stmt_of(c), st, unit)]
+        if not casts:
+            return cond
+        cast = max(casts, key=lambda c: (c.lineno, c.col_offset))
+        around = {id(g) for g in guards(st, unit)}
+        tests = [g.test for g in reversed(guards(stmt_of(cast), unit)) if id(g) not in around]
+        if not tests or not all(pure(t) for t in tests):
+            return cond
+        out = "True"
+        for t in tests:
+            out = conj(out, as_bool(self.code(t), t))
+        return out
+
     def _holder_at(self, node) -> Optional[Holder]:
         """The class that keeps the optimizer, where ``node`` is in one of its methods."""
         return next((h for h in self.holders.values() if h.module is self._mod(node) and h.method_of(node)), None)
@@ -729,6 +753,7 @@ class Fp16Plan(EvaluationRewrites, Rewriter):
         st = stmt_of(call)
         fc = self.fc(self._mod(call))
         self.removed.add(id(call))
+        self.removed_casts.append(call)
         if self._inside_gone(st):
             return
         if isinstance(st, ast.Expr) and st.value is call and dotted(inner):
