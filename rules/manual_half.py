@@ -1,4 +1,5 @@
 import ast
+import re
 
 from ampfix.model.analysis import AUTOCAST, FLOAT16, GRADSCALER, arg, exclusive, method_call, unit_of
 from ampfix.rule import Invalid, Rule, Valid
@@ -71,6 +72,15 @@ class ManualHalf(Rule):
             count=2,
             message="beside GradScaler",
         ),
+        Invalid(
+            """
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
+            if args.fp16:
+                trainer.model.half()
+            """,
+            message="of a model with GradScaler",
+        ),
     ]
 
     def visit_Module(self, node: ast.Module) -> None:
@@ -109,8 +119,9 @@ class ManualHalf(Rule):
     def _casts_a_model(cast: ast.Call, calls) -> bool:
         """Whether the cast converts a module (its weights): the receiver, under its chained
         calls (``Net().cuda().half()``), is a class being built, or the name it is, or is
-        assigned to, has its parameters, state or mode read in the file (``model.parameters()``,
-        ``model.eval()``).  An input (``x.half()``) has no weights to unscale."""
+        assigned to, is named as a model (``trainer.model``, ``self.net``) or has its parameters,
+        state or mode read in the file (``model.parameters()``, ``model.eval()``).  An input
+        (``x.half()``) has no weights to unscale."""
         base = cast.func.value
         while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
             base = base.func.value
@@ -124,5 +135,8 @@ class ManualHalf(Rule):
             p = getattr(p, "_p", None)
         if isinstance(p, ast.Assign) and len(p.targets) == 1:
             names.add(ast.unparse(p.targets[0]))
+        # `trainer.model.half()`, `self.net.half()`: named as a model
+        if any(re.search(r"(?i)(model|net|network|encoder|decoder)$", n.rsplit(".", 1)[-1]) for n in names):
+            return True
         return any(method_call(c, "parameters", "named_parameters", "state_dict", "eval", "train")
                    and ast.unparse(c.func.value) in names for c in calls)
