@@ -32,3 +32,22 @@ def _own_cache(tmp_path_factory):
 
     os.environ["AMPFIX_CACHE_DIR"] = str(tmp_path_factory.mktemp("ampfix-cache"))
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_as_python_has_it():
+    """Ctrl-C as an interactive Python has it, however pytest was started: a shell without job
+    control starts a background command with SIGINT ignored (`cmd &` in a script), Python then
+    leaves it ignored, and the tests of Ctrl-C would see nothing (one waited for ever on an
+    interrupt that never came).  The subprocesses the tests start inherit the handler's
+    disposition, so they get SIGINT's default too."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
