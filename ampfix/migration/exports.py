@@ -65,13 +65,11 @@ def imported_elsewhere(project, m, name: str) -> bool:
     stem = _stem(m)
     project.read_mentioning(name)
     for path in project.mentioned_elsewhere(name):
-        try:
-            tree = ast.parse(Path(path).read_text(errors="replace"))
-        except (OSError, SyntaxError, ValueError):
+        imports = project.from_imports_of(path)
+        if imports is None:
             return True  # cannot be read: it may import it
-        for st in ast.walk(tree):
-            if isinstance(st, ast.ImportFrom) and any(a.name == name for a in st.names) and (
-                    _names_module(st, stem) or (st.level and not st.module)):
+        for module, level, names in imports:
+            if name in names and ((module and module.split(".")[-1] == stem) or (level and not module)):
                 return True
     mine = Path(m.path).resolve()
     for other in list(project.modules.values()):

@@ -979,26 +979,69 @@ class Project:
                     except OSError:
                         continue
             self._word = re
-        pat = self._word.compile(rb"(?<![A-Za-z0-9_])" + self._word.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
         if other_parts:
             self.asked_other_parts = True  # the plan depends on the other parts' text too
         out = []
+        word = name.encode()
+        tokens = self.__dict__.setdefault("_other_tokens", {})
         for p, t in self._other_texts.items():
-            if not pat.search(t):
+            # the file's words, split once (a word: a run of letters, digits and `_`)
+            have = tokens.get(p)
+            if have is None:
+                have = tokens[p] = frozenset(self._word.findall(rb"[A-Za-z0-9_]+", t))
+            if word not in have:
                 continue
-            if not other_parts and str(Path(p).resolve()) in self.run_files:
+            if not other_parts and self._resolved(p) in self.run_files:
                 continue  # another part of the run: it does not import this one, so it cannot call it
-            try:  # a comment or a string that names it is not a use
-                tree = ast.parse(t)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
+            words = self._words_of(p, t)
+            # a comment or a string that names it is not a use (a file that does not parse: maybe one)
+            if words is None or name in words:
                 out.append(p)
-                continue
-            for n in ast.walk(tree):
-                if (isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name) or (
-                        isinstance(n, ast.alias) and name in (n.name.split(".")[-1], n.asname)):
-                    out.append(p)
-                    break
         return sorted(out)
+
+    def from_imports_of(self, path: str):
+        """The ``from X import a, b`` statements of a file (its module, level and names), read and
+        parsed once; None where it cannot be read or parsed."""
+        cache = self.__dict__.setdefault("_from_imports", {})
+        if path not in cache:
+            try:
+                tree = ast.parse(Path(path).read_text(errors="replace"))
+            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+                cache[path] = None
+            else:
+                cache[path] = [(st.module, st.level, tuple(a.name for a in st.names))
+                               for st in ast.walk(tree) if isinstance(st, ast.ImportFrom)]
+        return cache[path]
+
+    def _resolved(self, path: str) -> str:
+        cache = self.__dict__.setdefault("_resolved_paths", {})
+        if path not in cache:
+            cache[path] = str(Path(path).resolve())
+        return cache[path]
+
+    def _words_of(self, path: str, text: bytes):
+        """The names a file of the project not read for this run uses (names, attributes, the
+        last part and alias of each import), parsed once; None where it does not parse."""
+        cache = self.__dict__.setdefault("_other_words", {})
+        if path in cache:
+            return cache[path]
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            cache[path] = None
+            return None
+        words = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Name):
+                words.add(n.id)
+            elif isinstance(n, ast.Attribute):
+                words.add(n.attr)
+            elif isinstance(n, ast.alias):
+                words.add(n.name.split(".")[-1])
+                if n.asname:
+                    words.add(n.asname)
+        cache[path] = frozenset(words)
+        return cache[path]
 
     #: ``runner(fn, items) -> [fn(item)]`` over worker processes (None: here, in order)
     runner = None
