@@ -764,7 +764,8 @@ def kind(d):
     # a caller that now makes the scaler; those are not counted)
     if d["code"] in AMP and d["message"].startswith("`apex.amp"):
         return "apex.amp"
-    if d["code"] in FP16 or (d["code"] == "AMP104" and "FP16_Optimizer" in d["message"]):
+    if (d["code"] in FP16 or (d["code"] == "AMP104" and "FP16_Optimizer" in d["message"])) and \
+            d["message"].startswith("`apex."):
         return "FP16_Optimizer"
     return None
 

@@ -300,3 +300,17 @@ def test_a_keyword_added_that_no_function_of_that_name_takes_is_reported():
     assert mc.unaccepted_keywords(before, after, others) == []
     assert mc.unaccepted_keywords(before, after, {}) == []
     assert mc.unaccepted_keywords(before, before, others) == []
+
+
+def test_a_planners_own_report_is_not_counted_as_a_module_of_apex():
+    # a file a migration edits without an apex use of its own (a helper that now takes the scaler)
+    # gets the planner's report; since round 50 AMP102/AMP104 say it for FP16_Optimizer migrations.
+    # It is no module that uses apex, for either kind
+    assert mc.kind({"code": "AMP102", "message": "`apex.fp16_utils.FP16_Optimizer` is NVIDIA apex"}) == "FP16_Optimizer"
+    assert mc.kind({"code": "AMP104", "message": "`apex.optimizers.FP16_Optimizer` is NVIDIA apex; use"}) == \
+        "FP16_Optimizer"
+    assert mc.kind({"code": "AMP101", "message": "`apex.amp.initialize` is NVIDIA apex"}) == "apex.amp"
+    for code in ("AMP101", "AMP102", "AMP104"):
+        assert mc.kind({"code": code, "message": "rewritten with main.py: this file's part of their migration"}) is None
+        assert mc.kind({"code": code, "message": "`clip` receives the FP16_Optimizer made in train.py (line 16)"}) \
+            is None
