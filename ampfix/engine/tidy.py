@@ -651,15 +651,7 @@ def addition_of(src: Source, model: Model, specs: Iterable, builder: Optional[Bu
         else:
             lines.append(f"from {spec.module} import {spec.obj}" + (f" as {spec.asname}" if spec.asname else ""))
     body = tree.body
-    i = 0
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        i = 1
-    last = None
-    first_import = i
-    while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom)):
-        last = body[i]
-        i += 1
+    first_import, i, last = _import_block(body)
     nl = b.nl
     placed = _sorted_placement(src, body[first_import:i], need, nl)
     if placed is not None:
@@ -1184,15 +1176,22 @@ def tidy(text: str, path: str, adds: Sequence, removes: Sequence, star_exports=N
     return out
 
 
-def _blank_after_imports(src: Source, tree) -> Optional[int]:
-    """The blank lines between the imports at the top of the module and the statement after them."""
-    body = tree.body
+def _import_block(body) -> Tuple[int, int, Optional[ast.stmt]]:
+    """The imports at the top of a module's body (after its docstring): (index of the first, index
+    of the statement after them, the last import or None)."""
     i = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
         and isinstance(body[0].value.value, str) else 0
-    last = None
+    first, last = i, None
     while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom)):
         last = body[i]
         i += 1
+    return first, i, last
+
+
+def _blank_after_imports(src: Source, tree) -> Optional[int]:
+    """The blank lines between the imports at the top of the module and the statement after them."""
+    body = tree.body
+    _, i, last = _import_block(body)
     if last is None or i >= len(body):
         return None
     first = body[i].lineno

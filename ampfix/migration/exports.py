@@ -51,8 +51,9 @@ def _stem(m) -> str:
     return p.parent.name if p.name == "__init__.py" else p.stem
 
 
-def _names_module(imp: ast.ImportFrom, stem: str) -> bool:
-    return bool(imp.module) and imp.module.split(".")[-1] == stem
+def _names_module(module: Optional[str], stem: str) -> bool:
+    """``from X import ...`` with ``X``'s last dotted part ``stem``."""
+    return bool(module) and module.split(".")[-1] == stem
 
 
 def imported_elsewhere(project, m, name: str) -> bool:
@@ -69,7 +70,7 @@ def imported_elsewhere(project, m, name: str) -> bool:
         if imports is None:
             return True  # cannot be read: it may import it
         for module, level, names in imports:
-            if name in names and ((module and module.split(".")[-1] == stem) or (level and not module)):
+            if name in names and (_names_module(module, stem) or (level and not module)):
                 return True
     mine = Path(m.path).resolve()
     for other in list(project.modules.values()):
@@ -83,7 +84,7 @@ def imported_elsewhere(project, m, name: str) -> bool:
                 if target is None or target == mine:
                     return True
                 continue
-            if not _names_module(st, stem):
+            if not _names_module(st.module, stem):
                 continue
             found = project.module_named(st.module or "")
             if found is None or found is m:

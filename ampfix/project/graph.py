@@ -332,6 +332,12 @@ class Project:
         self._calls: Dict[int, List[CallSite]] = {}
         self._refs: Dict[int, List[ast.AST]] = {}
         self._indexed: Set[str] = set()
+        #: files under the root not read for the run, each read, split into words and parsed once
+        #: (mentioned_elsewhere): path -> its words; -> (the names it uses, its `from` imports), None
+        #: where it does not parse; path -> its resolved path
+        self._other_tokens: Dict[str, frozenset] = {}
+        self._other_facts: Dict[str, Optional[tuple]] = {}
+        self._resolved_paths: Dict[str, str] = {}
         for path, src in sources.items():
             self._add(path, src, editable=True)
 
@@ -983,54 +989,51 @@ class Project:
             self.asked_other_parts = True  # the plan depends on the other parts' text too
         out = []
         word = name.encode()
-        tokens = self.__dict__.setdefault("_other_tokens", {})
         for p, t in self._other_texts.items():
             # the file's words, split once (a word: a run of letters, digits and `_`)
-            have = tokens.get(p)
+            have = self._other_tokens.get(p)
             if have is None:
-                have = tokens[p] = frozenset(self._word.findall(rb"[A-Za-z0-9_]+", t))
+                have = self._other_tokens[p] = frozenset(self._word.findall(rb"[A-Za-z0-9_]+", t))
             if word not in have:
                 continue
             if not other_parts and self._resolved(p) in self.run_files:
                 continue  # another part of the run: it does not import this one, so it cannot call it
-            words = self._words_of(p, t)
+            facts = self._facts_of(p, t)
             # a comment or a string that names it is not a use (a file that does not parse: maybe one)
-            if words is None or name in words:
+            if facts is None or name in facts[0]:
                 out.append(p)
         return sorted(out)
 
     def from_imports_of(self, path: str):
-        """The ``from X import a, b`` statements of a file (its module, level and names), read and
-        parsed once; None where it cannot be read or parsed."""
-        cache = self.__dict__.setdefault("_from_imports", {})
-        if path not in cache:
-            try:
-                tree = ast.parse(Path(path).read_text(errors="replace"))
-            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-                cache[path] = None
-            else:
-                cache[path] = [(st.module, st.level, tuple(a.name for a in st.names))
-                               for st in ast.walk(tree) if isinstance(st, ast.ImportFrom)]
-        return cache[path]
+        """The ``from X import a, b`` statements of a file (its module, level and names), parsed
+        once; None where it cannot be read or parsed."""
+        facts = self._other_facts.get(path)
+        if facts is not None:
+            return facts[1]
+        try:
+            tree = ast.parse(Path(path).read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        return [(st.module, st.level, tuple(a.name for a in st.names))
+                for st in ast.walk(tree) if isinstance(st, ast.ImportFrom)]
 
     def _resolved(self, path: str) -> str:
-        cache = self.__dict__.setdefault("_resolved_paths", {})
-        if path not in cache:
-            cache[path] = str(Path(path).resolve())
-        return cache[path]
+        if path not in self._resolved_paths:
+            self._resolved_paths[path] = str(Path(path).resolve())
+        return self._resolved_paths[path]
 
-    def _words_of(self, path: str, text: bytes):
-        """The names a file of the project not read for this run uses (names, attributes, the
-        last part and alias of each import), parsed once; None where it does not parse."""
-        cache = self.__dict__.setdefault("_other_words", {})
-        if path in cache:
-            return cache[path]
+    def _facts_of(self, path: str, text: bytes) -> Optional[tuple]:
+        """(the names a file not read for this run uses: names, attributes, the last part and
+        alias of each import; its ``from`` imports as :meth:`from_imports_of` gives them), from one
+        parse; None where it does not parse."""
+        if path in self._other_facts:
+            return self._other_facts[path]
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            cache[path] = None
+            self._other_facts[path] = None
             return None
-        words = set()
+        words, froms = set(), []
         for n in ast.walk(tree):
             if isinstance(n, ast.Name):
                 words.add(n.id)
@@ -1040,8 +1043,10 @@ class Project:
                 words.add(n.name.split(".")[-1])
                 if n.asname:
                     words.add(n.asname)
-        cache[path] = frozenset(words)
-        return cache[path]
+            elif isinstance(n, ast.ImportFrom):
+                froms.append((n.module, n.level, tuple(a.name for a in n.names)))
+        self._other_facts[path] = (frozenset(words), froms)
+        return self._other_facts[path]
 
     #: ``runner(fn, items) -> [fn(item)]`` over worker processes (None: here, in order)
     runner = None
